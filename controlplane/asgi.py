@@ -1,0 +1,16 @@
+"""ASGI entry point: Channels routes the data plane before Django's HTTP app.
+
+``/v1/*`` is served by async Channels consumers (no sync middleware, no thread hops);
+everything else (dashboard, control API, admin) is Django's ASGI handler.
+"""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter  # noqa: E402
+
+application = ProtocolTypeRouter({"http": django_asgi_app})

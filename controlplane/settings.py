@@ -1,0 +1,269 @@
+"""Django settings for Inferplane, read from the environment (see README, "Configuration").
+
+Two modes: ``INFERPLANE_ENV=development`` (the default; what ``make run`` and the tests use)
+works with no configuration at all; ``INFERPLANE_ENV=production`` refuses to start without a
+real ``SECRET_KEY`` and ``ALLOWED_HOSTS`` and turns on every HTTPS protection, so that
+``manage.py check --deploy`` reports nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+import django_stubs_ext
+from django.core.exceptions import ImproperlyConfigured
+
+from controlplane.env import (
+    env_bool,
+    env_choice,
+    env_database,
+    env_int,
+    env_list,
+    env_str,
+)
+
+# Lets Django's generic classes be subscripted at run time (ModelAdmin[Tenant]) for mypy.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("INFERPLANE_VAR_DIR", str(BASE_DIR / "var")))
+
+INFERPLANE_ENV = env_choice("INFERPLANE_ENV", "development", {"development", "production"})
+PRODUCTION = INFERPLANE_ENV == "production"
+DEBUG = env_bool("DEBUG", False)
+
+
+def _secret_key() -> str:
+    """The key from the environment; in development, one generated once into ``var/``."""
+    key = env_str("SECRET_KEY", "")
+    if key:
+        return key
+    if PRODUCTION:
+        raise ImproperlyConfigured("SECRET_KEY must be set when INFERPLANE_ENV=production")
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(50))
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+
+if PRODUCTION:
+    ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [])
+    if not ALLOWED_HOSTS:
+        raise ImproperlyConfigured("ALLOWED_HOSTS must be set when INFERPLANE_ENV=production")
+else:
+    ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "knox",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "tenants",
+    "inference",
+    "billing",
+    "moderation",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Data stores -------------------------------------------------------------------------
+
+DATABASES = {
+    "default": env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'inferplane.sqlite3'}"),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, worker, beat) share the file: WAL lets readers run beside
+    # the writer, IMMEDIATE makes writers queue instead of failing with "database is locked".
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+    }
+    # Django's ASGI handler closes connections per request; a persistent SQLite
+    # connection would gain nothing and keep the file locked longer.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "ip:cache",
+    }
+}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": "ip:channels"},
+    }
+}
+
+# --- Celery (broker = Redis; every periodic schedule is declared here and only here) -------
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = "UTC"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
+    "probe-replicas": {
+        "task": "inference.tasks.replicas_probe_all",
+        "schedule": float(env_int("INFERPLANE_PROBE_INTERVAL_SECONDS", 10, minimum=1)),
+    },
+}
+
+# --- Auth ----------------------------------------------------------------------------------
+
+AUTH_USER_MODEL = "tenants.User"
+LOGIN_URL = "/admin/login/"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+REST_FRAMEWORK = {
+    # Token first: an unauthenticated call then gets 401 with "WWW-Authenticate: Token".
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "knox.auth.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "controlplane.api.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
+    + ([] if PRODUCTION else ["rest_framework.renderers.BrowsableAPIRenderer"]),
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
+}
+
+REST_KNOX = {
+    "TOKEN_TTL": timedelta(days=env_int("INFERPLANE_USER_TOKEN_TTL_DAYS", 30, minimum=1)),
+    "AUTO_REFRESH": False,
+    "AUTH_HEADER_PREFIX": "Token",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Inferplane control API",
+    "DESCRIPTION": "Tenants, members, API keys, limits and audit log. "
+    "The OpenAI-compatible data plane lives under /v1.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from the vendored sidecar package: no CDN, works offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Static files, i18n ----------------------------------------------------------------------
+
+STATIC_URL = "/static/"
+STATIC_ROOT = VAR_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+# Locally the files are served straight from the apps (no collectstatic step), DEBUG or not.
+WHITENOISE_USE_FINDERS = not PRODUCTION
+WHITENOISE_AUTOREFRESH = not PRODUCTION
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Security --------------------------------------------------------------------------------
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # HTMX reads it to send X-CSRFToken
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+if PRODUCTION:
+    # TLS ends at the ingress; trust its X-Forwarded-Proto.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+
+# --- Inferplane --------------------------------------------------------------------------------
+
+# How long a rotated key keeps working, unless the caller says otherwise.
+INFERPLANE_KEY_ROTATION_GRACE_SECONDS = env_int(
+    "INFERPLANE_KEY_ROTATION_GRACE_SECONDS", 24 * 3600, minimum=0
+)
+INFERPLANE_PROBE_TIMEOUT_SECONDS = env_int("INFERPLANE_PROBE_TIMEOUT_SECONDS", 3, minimum=1)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        # One line per request to the engines, or per periodic task, drowns what matters.
+        "httpx": {"level": "WARNING"},
+        "celery.app.trace": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"},
+        "celery.beat": {"level": "WARNING"},
+    },
+}

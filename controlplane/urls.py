@@ -1,0 +1,28 @@
+from django.contrib import admin
+from django.http import HttpRequest, JsonResponse
+from django.urls import include, path
+from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from controlplane import auth_apis
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+api_patterns = [
+    path("auth/token/", auth_apis.TokenCreateApi.as_view(), name="token-create"),
+    path("auth/token/revoke/", auth_apis.TokenRevokeApi.as_view(), name="token-revoke"),
+    path("auth/token/revoke-all/", auth_apis.TokenRevokeAllApi.as_view(), name="token-revoke-all"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("", include("tenants.urls")),
+]
+
+urlpatterns = [
+    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    path("healthz", healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+    path("api/", include(api_patterns)),
+]

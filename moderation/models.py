@@ -1,0 +1,1 @@
+# Policies and checks arrive with the moderation issue.

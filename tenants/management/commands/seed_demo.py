@@ -1,0 +1,65 @@
+"""Seed what ``make run`` needs: an admin, tenant ``demo`` with a key, the tiny model, pools.
+
+Safe to re-run: existing rows are kept, and the demo key is re-issued only when the one
+saved in ``var/demo-api-key`` no longer works.
+"""
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+
+from inference.services import model_ensure, pool_ensure
+from tenants.models import Membership, Role, Tenant, User
+from tenants.selectors import api_key_authenticate
+from tenants.services import api_key_create, membership_add, tenant_create
+
+
+def _private_file(path: Path, content: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(content + "\n")
+
+
+class Command(BaseCommand):
+    help = "Create the demo admin, tenant, API key, model and pools (idempotent)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--online-url", default="http://127.0.0.1:8101")
+        parser.add_argument("--batch-url", default="http://127.0.0.1:8102")
+        parser.add_argument("--model-name", default="tiny-chat")
+        parser.add_argument("--context-length", type=int, default=1024)
+
+    @transaction.atomic
+    def handle(self, *args: Any, **options: Any) -> None:
+        var: Path = settings.VAR_DIR
+        password_file = var / "admin-password"
+        admin = User.objects.filter(username="admin").first()
+        if admin is None:
+            password = os.environ.get("INFERPLANE_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+            admin = User.objects.create_superuser("admin", "admin@example.com", password)
+            _private_file(password_file, password)
+
+        tenant = Tenant.objects.filter(slug="demo").first()
+        if tenant is None:
+            tenant = tenant_create(slug="demo", name="Demo tenant", actor=None)
+        if not Membership.objects.filter(tenant=tenant, user=admin).exists():
+            membership_add(tenant=tenant, user=admin, role=Role.OWNER, actor=None, actor_role=None)
+
+        key_file = var / "demo-api-key"
+        saved = key_file.read_text().strip() if key_file.exists() else ""
+        if not saved or api_key_authenticate(raw_key=saved) is None:
+            issued = api_key_create(tenant=tenant, name="demo", created_by=admin)
+            _private_file(key_file, issued.secret)
+
+        name = options["model_name"]
+        model = model_ensure(name=name, served_name=name, context_length=options["context_length"])
+        pool_ensure(
+            name="online", kind="dedicated", model=model, replica_urls=[options["online_url"]]
+        )
+        pool_ensure(name="batch", kind="spot", model=model, replica_urls=[options["batch_url"]])
+        self.stdout.write("Seeded admin, tenant demo, its API key, model and pools online, batch.")

@@ -1,0 +1,340 @@
+"""Writes. Every change to tenants, members, keys or limits records an audit event."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from tenants.keys import key_generate
+from tenants.models import ApiKey, AuditEvent, LimitFields, Membership, Role, Tenant, User
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    """A key just created: the only moment its secret exists outside the caller's hands."""
+
+    api_key: ApiKey
+    secret: str
+
+
+def audit_record(
+    *,
+    actor: User | None,
+    tenant: Tenant | None,
+    action: str,
+    target: object,
+    details: Mapping[str, Any] | None = None,
+) -> AuditEvent:
+    return AuditEvent.objects.create(
+        tenant=tenant,
+        actor=actor,
+        actor_label=actor.get_username() if actor else "system",
+        action=action,
+        target_type=type(target).__name__.lower(),
+        target_id=str(getattr(target, "pk", "") or ""),
+        target_label=str(target)[:200],
+        details=dict(details or {}),
+    )
+
+
+def _apply_limits(obj: LimitFields, limits: Mapping[str, int | None]) -> dict[str, Any]:
+    """Set the given limit fields; return {name: [old, new]} for those that changed."""
+    changes: dict[str, Any] = {}
+    for name, value in limits.items():
+        if name not in LimitFields.LIMIT_NAMES:
+            raise ValidationError({name: "Unknown limit."})
+        old = getattr(obj, name)
+        if old != value:
+            changes[name] = [old, value]
+            setattr(obj, name, value)
+    return changes
+
+
+def _tenant_changed(tenant: Tenant) -> None:
+    """Status, weight and limits are cached with every key of the tenant: drop them all."""
+    from inference.keycache import tenant_invalidate_publish
+
+    tenant_id = tenant.pk
+    transaction.on_commit(lambda: tenant_invalidate_publish(tenant_id=tenant_id))
+
+
+# --- Tenants -----------------------------------------------------------------------------
+
+
+@transaction.atomic
+def tenant_create(
+    *,
+    slug: str,
+    name: str = "",
+    weight: int = 1,
+    limits: Mapping[str, int | None] | None = None,
+    actor: User | None,
+) -> Tenant:
+    tenant = Tenant(slug=slug, name=name or slug, weight=weight)
+    _apply_limits(tenant, limits or {})
+    if Tenant.objects.filter(slug=slug).exists():
+        raise ValidationError({"slug": f"A tenant with slug {slug!r} already exists."})
+    tenant.full_clean()
+    try:
+        with transaction.atomic():
+            tenant.save()
+    except IntegrityError:  # lost a race with a concurrent create of the same slug
+        raise ValidationError({"slug": f"A tenant with slug {slug!r} already exists."}) from None
+    audit_record(
+        actor=actor,
+        tenant=tenant,
+        action="tenant.create",
+        target=tenant,
+        details={"weight": weight, "limits": tenant.limits()},
+    )
+    return tenant
+
+
+@transaction.atomic
+def tenant_update(
+    *,
+    tenant: Tenant,
+    actor: User | None,
+    name: str | None = None,
+    status: str | None = None,
+    weight: int | None = None,
+) -> Tenant:
+    changes: dict[str, Any] = {}
+    for field, value in (("name", name), ("status", status), ("weight", weight)):
+        if value is not None and getattr(tenant, field) != value:
+            changes[field] = [getattr(tenant, field), value]
+            setattr(tenant, field, value)
+    if changes:
+        tenant.full_clean()
+        tenant.save()
+        audit_record(
+            actor=actor, tenant=tenant, action="tenant.update", target=tenant, details=changes
+        )
+        _tenant_changed(tenant)
+    return tenant
+
+
+@transaction.atomic
+def tenant_limits_update(
+    *, tenant: Tenant, actor: User | None, limits: Mapping[str, int | None]
+) -> Tenant:
+    changes = _apply_limits(tenant, limits)
+    if changes:
+        tenant.full_clean()
+        tenant.save()
+        audit_record(
+            actor=actor, tenant=tenant, action="tenant.limits", target=tenant, details=changes
+        )
+        _tenant_changed(tenant)
+    return tenant
+
+
+# --- Members ---------------------------------------------------------------------------------
+
+
+def _check_owner_rules(*, actor_role: str | None, roles_touched: Sequence[str]) -> None:
+    """Only owners (and staff, who pass actor_role=None) grant, change or remove owners."""
+    if actor_role is not None and actor_role != Role.OWNER and Role.OWNER in roles_touched:
+        raise PermissionDenied("Only an owner can grant, change or remove the owner role.")
+
+
+@transaction.atomic
+def membership_add(
+    *, tenant: Tenant, user: User, role: str, actor: User | None, actor_role: str | None
+) -> Membership:
+    _check_owner_rules(actor_role=actor_role, roles_touched=[role])
+    if Membership.objects.filter(tenant=tenant, user=user).exists():
+        raise ValidationError({"user": f"{user.get_username()} is already a member."})
+    membership = Membership(tenant=tenant, user=user, role=role)
+    membership.full_clean(validate_unique=False)
+    membership.save()
+    audit_record(
+        actor=actor,
+        tenant=tenant,
+        action="member.add",
+        target=membership,
+        details={"user": user.get_username(), "role": role},
+    )
+    return membership
+
+
+def _lock_owners(tenant: Tenant) -> int:
+    """Count owners under a row lock, so two concurrent removals cannot both pass."""
+    return len(
+        Membership.objects.select_for_update().filter(tenant=tenant, role=Role.OWNER).values("id")
+    )
+
+
+@transaction.atomic
+def membership_change_role(
+    *, membership: Membership, role: str, actor: User | None, actor_role: str | None
+) -> Membership:
+    old = membership.role
+    if old == role:
+        return membership
+    _check_owner_rules(actor_role=actor_role, roles_touched=[old, role])
+    if old == Role.OWNER and _lock_owners(membership.tenant) <= 1:
+        raise ValidationError({"role": "A tenant must keep at least one owner."})
+    membership.role = role
+    membership.full_clean(validate_unique=False)
+    membership.save(update_fields=["role"])
+    audit_record(
+        actor=actor,
+        tenant=membership.tenant,
+        action="member.role",
+        target=membership,
+        details={"user": membership.user.get_username(), "role": [old, role]},
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_remove(
+    *, membership: Membership, actor: User | None, actor_role: str | None
+) -> None:
+    _check_owner_rules(actor_role=actor_role, roles_touched=[membership.role])
+    if membership.role == Role.OWNER and _lock_owners(membership.tenant) <= 1:
+        raise ValidationError({"role": "The last owner cannot be removed."})
+    audit_record(
+        actor=actor,
+        tenant=membership.tenant,
+        action="member.remove",
+        target=membership,
+        details={"user": membership.user.get_username(), "role": membership.role},
+    )
+    membership.delete()
+
+
+# --- API keys --------------------------------------------------------------------------------
+
+
+def _key_changed(api_key: ApiKey) -> None:
+    """Tell every web process to drop what it cached about this key, once committed."""
+    from inference.keycache import key_invalidate_publish
+
+    prefix = api_key.prefix
+    transaction.on_commit(lambda: key_invalidate_publish(prefix=prefix))
+
+
+@transaction.atomic
+def api_key_create(
+    *,
+    tenant: Tenant,
+    name: str,
+    created_by: User | None,
+    scopes: Sequence[str] | None = None,
+    expires_at: datetime | None = None,
+    limits: Mapping[str, int | None] | None = None,
+    rotated_from: ApiKey | None = None,
+) -> IssuedKey:
+    scopes = list(scopes) if scopes is not None else list(ApiKey.Scope.values)
+    unknown = sorted(set(scopes) - set(ApiKey.Scope.values))
+    if unknown or not scopes:
+        raise ValidationError({"scopes": f"Choose one or more of {list(ApiKey.Scope.values)}."})
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError({"expires_at": "Must be in the future."})
+    full, prefix, digest = key_generate()
+    api_key = ApiKey(
+        tenant=tenant,
+        name=name,
+        prefix=prefix,
+        secret_hash=digest,
+        scopes=sorted(set(scopes)),
+        created_by=created_by,
+        expires_at=expires_at,
+        rotated_from=rotated_from,
+    )
+    _apply_limits(api_key, limits or {})
+    api_key.full_clean()
+    api_key.save()
+    audit_record(
+        actor=created_by,
+        tenant=tenant,
+        action="api_key.create",
+        target=api_key,
+        details={"name": name, "scopes": api_key.scopes, "prefix": prefix},
+    )
+    return IssuedKey(api_key=api_key, secret=full)
+
+
+@transaction.atomic
+def api_key_revoke(*, api_key: ApiKey, actor: User | None) -> ApiKey:
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=actor,
+            tenant=api_key.tenant,
+            action="api_key.revoke",
+            target=api_key,
+            details={"prefix": api_key.prefix},
+        )
+        _key_changed(api_key)
+    return api_key
+
+
+@transaction.atomic
+def api_key_rotate(
+    *, api_key: ApiKey, actor: User | None, grace_seconds: int | None = None
+) -> IssuedKey:
+    """A new key with the same name, scopes and limits; the old one expires after the grace."""
+    if not api_key.is_active:
+        raise ValidationError({"key": "Only an active key can be rotated."})
+    if hasattr(api_key, "rotated_to"):
+        raise ValidationError({"key": "This key was already rotated."})
+    grace = (
+        settings.INFERPLANE_KEY_ROTATION_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    )
+    issued = api_key_create(
+        tenant=api_key.tenant,
+        name=api_key.name,
+        created_by=actor,
+        scopes=api_key.scopes,
+        expires_at=api_key.expires_at,
+        limits=api_key.limits(),
+        rotated_from=api_key,
+    )
+    old_expiry = api_key.expires_at
+    new_expiry = timezone.now() + timedelta(seconds=grace)
+    if old_expiry is None or new_expiry < old_expiry:
+        api_key.expires_at = new_expiry
+        api_key.save(update_fields=["expires_at"])
+    audit_record(
+        actor=actor,
+        tenant=api_key.tenant,
+        action="api_key.rotate",
+        target=api_key,
+        details={
+            "prefix": api_key.prefix,
+            "new_prefix": issued.api_key.prefix,
+            "old_key_expires_at": api_key.expires_at.isoformat() if api_key.expires_at else None,
+        },
+    )
+    _key_changed(api_key)
+    return issued
+
+
+@transaction.atomic
+def api_key_limits_update(
+    *, api_key: ApiKey, actor: User | None, limits: Mapping[str, int | None]
+) -> ApiKey:
+    changes = _apply_limits(api_key, limits)
+    if changes:
+        api_key.full_clean()
+        api_key.save()
+        audit_record(
+            actor=actor,
+            tenant=api_key.tenant,
+            action="api_key.limits",
+            target=api_key,
+            details=changes,
+        )
+        _key_changed(api_key)
+    return api_key

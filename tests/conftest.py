@@ -1,0 +1,125 @@
+"""Fixtures shared by the whole suite.
+
+Everything here is real: PostgreSQL (``DATABASE_URL``), Redis (``REDIS_URL``, a database of
+its own) and, for tests marked ``engine``, a vLLM CPU engine started once per session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_lib
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from tenants.models import Role, Tenant, User
+from tests.factories import MembershipFactory, TenantFactory, UserFactory
+
+pytest_plugins = ["tests.engines"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings: Any) -> None:
+    """PBKDF2's million rounds are the point in production and only slowness in tests."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis() -> Iterator[None]:
+    """Each test starts with an empty Redis database (the tests' own, never make run's)."""
+    client = redis_lib.Redis.from_url(settings.REDIS_URL)
+    assert settings.REDIS_URL.rstrip("/").endswith("/15"), "tests must use their own Redis db"
+    client.flushdb()
+    yield
+    client.close()
+
+
+@dataclass
+class TenantPeople:
+    """A tenant with one user per role, plus an outsider who belongs to another tenant."""
+
+    tenant: Tenant
+    other_tenant: Tenant
+    owner: User
+    admin: User
+    developer: User
+    finance: User
+    viewer: User
+    outsider: User
+    staff: User
+
+    def user(self, persona: str) -> User:
+        user: User = getattr(self, persona)
+        return user
+
+
+@pytest.fixture
+def people(db: None) -> TenantPeople:
+    tenant = TenantFactory.create(slug="acme")
+    other = TenantFactory.create(slug="globex")
+    members = {
+        role: MembershipFactory.create(
+            tenant=tenant, role=role, user=UserFactory.create(username=role)
+        ).user
+        for role in Role.values
+    }
+    outsider = MembershipFactory.create(
+        tenant=other, role=Role.OWNER, user=UserFactory.create(username="outsider")
+    ).user
+    staff = UserFactory.create(username="operator", is_staff=True)
+    return TenantPeople(
+        tenant=tenant,
+        other_tenant=other,
+        owner=members["owner"],
+        admin=members["admin"],
+        developer=members["developer"],
+        finance=members["finance"],
+        viewer=members["viewer"],
+        outsider=outsider,
+        staff=staff,
+    )
+
+
+@pytest.fixture
+def api() -> APIClient:
+    return APIClient()
+
+
+def client_for(user: User) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user=user)
+    return client
+
+
+def test_database_url() -> str:
+    """The URL of the test database, for processes the tests start (commands, servers)."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+test_database_url.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
+
+
+def run_manage(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``manage.py`` as a user would, against the test database."""
+    full_env = {**os.environ, "DATABASE_URL": test_database_url(), **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )

@@ -1,0 +1,93 @@
+"""Real vLLM CPU engines for tests, started with the same script ``make run`` uses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR = ROOT / "var" / "test-logs"
+START_TIMEOUT = float(os.environ.get("ENGINE_START_TIMEOUT", "300"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Engine:
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    extra_args: tuple[str, ...] = field(default=())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"engine on :{self.port} exited early:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        pytest.fail(f"engine on :{self.port} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """Die like a lost spot VM: no goodbye to clients."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def engine_start(*extra_args: str, port: int | None = None) -> Engine:
+    port = port or free_port()
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log_path = LOG_DIR / f"engine-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [str(ROOT / "scripts" / "engine.sh"), str(port), *extra_args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() reaches vLLM's children
+        )
+    return Engine(port=port, process=process, log_path=log_path, extra_args=extra_args)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Engine]:
+    """One vLLM CPU engine serving ``tiny-chat`` for the whole session."""
+    started = engine_start()
+    started.wait_ready()
+    yield started
+    started.stop()

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import factory
+
+from tenants.models import Membership, Role, Tenant, User
+
+
+class UserFactory(factory.django.DjangoModelFactory[User]):
+    class Meta:
+        model = User
+        django_get_or_create = ["username"]
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
+    password = factory.django.Password("correct horse battery staple")
+
+
+class TenantFactory(factory.django.DjangoModelFactory[Tenant]):
+    class Meta:
+        model = Tenant
+
+    slug = factory.Sequence(lambda n: f"tenant-{n}")
+    name = factory.LazyAttribute(lambda t: t.slug.title())
+
+
+class MembershipFactory(factory.django.DjangoModelFactory[Membership]):
+    class Meta:
+        model = Membership
+
+    user = factory.SubFactory(UserFactory)
+    tenant = factory.SubFactory(TenantFactory)
+    role = Role.DEVELOPER
