@@ -26,6 +26,7 @@ class Command(BaseCommand):
         deadline = time.monotonic() + options["timeout"]
         web = options["web"]
         pending: list[str] = []
+        next_report = time.monotonic() + 15
         while time.monotonic() < deadline:
             pending = []
             try:
@@ -37,6 +38,10 @@ class Command(BaseCommand):
                     pending.append(f"replica {replica}")
             if not pending:
                 break
+            if time.monotonic() >= next_report:  # engines take a minute or two on CPUs
+                self.stdout.write(f"still starting: {', '.join(pending)}")
+                self.stdout.flush()
+                next_report += 15
             time.sleep(2)
         else:
             raise CommandError(f"not ready after {options['timeout']:.0f}s: {', '.join(pending)}")
