@@ -158,6 +158,17 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "inference.tasks.replicas_probe_all",
         "schedule": float(env_int("INFERPLANE_PROBE_INTERVAL_SECONDS", 10, minimum=1)),
     },
+    # The gateway spools usage records in Redis; this moves them into the ledger.
+    "flush-usage-spool": {
+        "task": "billing.tasks.usage_spool_flush_task",
+        "schedule": 1.0,
+        "options": {"expires": 5},
+    },
+    "flush-key-last-used": {
+        "task": "tenants.tasks.api_keys_last_used_flush",
+        "schedule": 60.0,
+        "options": {"expires": 30},
+    },
 }
 
 # --- Auth ----------------------------------------------------------------------------------
@@ -251,6 +262,7 @@ INFERPLANE_KEY_ROTATION_GRACE_SECONDS = env_int(
     "INFERPLANE_KEY_ROTATION_GRACE_SECONDS", 24 * 3600, minimum=0
 )
 INFERPLANE_PROBE_TIMEOUT_SECONDS = env_int("INFERPLANE_PROBE_TIMEOUT_SECONDS", 3, minimum=1)
+INFERPLANE_MAX_BODY_BYTES = env_int("INFERPLANE_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024)
 
 LOGGING = {
     "version": 1,

@@ -55,6 +55,11 @@ class Pool(models.Model):
         "engine's max_num_seqs so the engine's own queue stays empty.",
     )
     policy = models.CharField(max_length=8, choices=Policy.choices, default=Policy.VTC)
+    max_queue_wait_seconds = models.PositiveIntegerField(
+        default=30,
+        validators=[MinValueValidator(1), MaxValueValidator(3600)],
+        help_text="How long a request may wait for admission before it gets 503.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from inference.catalog import catalog_publish
 from inference.models import Model, Pool, Replica
 
 log = logging.getLogger(__name__)
@@ -26,17 +27,51 @@ def model_ensure(
             "supports_lora": supports_lora,
         },
     )
+    transaction.on_commit(catalog_publish)
     return model
 
 
 @transaction.atomic
 def pool_ensure(*, name: str, kind: str, model: Model, replica_urls: list[str]) -> Pool:
     """Create or update a pool and make its replica set exactly ``replica_urls``."""
+    urls = [url.rstrip("/") for url in replica_urls]
     pool, _ = Pool.objects.update_or_create(name=name, defaults={"kind": kind, "model": model})
-    pool.replicas.exclude(url__in=replica_urls).delete()
-    for url in replica_urls:
-        Replica.objects.get_or_create(pool=pool, url=url.rstrip("/"))
+    pool.replicas.exclude(url__in=urls).delete()
+    for url in urls:
+        Replica.objects.get_or_create(pool=pool, url=url)
+    transaction.on_commit(catalog_publish)
     return pool
+
+
+@transaction.atomic
+def pool_configure(
+    *,
+    pool: Pool,
+    max_inflight: int | None = None,
+    policy: str | None = None,
+    max_queue_wait_seconds: int | None = None,
+) -> Pool:
+    for field, value in (
+        ("max_inflight", max_inflight),
+        ("policy", policy),
+        ("max_queue_wait_seconds", max_queue_wait_seconds),
+    ):
+        if value is not None:
+            setattr(pool, field, value)
+    pool.full_clean()
+    pool.save()
+    transaction.on_commit(catalog_publish)
+    return pool
+
+
+@transaction.atomic
+def replica_set_state(*, replica: Replica, state: str) -> Replica:
+    """An operator's decision (drain for an upgrade, bring back): probes keep draining as is."""
+    replica.state = state
+    replica.full_clean()
+    replica.save(update_fields=["state"])
+    transaction.on_commit(catalog_publish)
+    return replica
 
 
 def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:

@@ -18,5 +18,5 @@ exec "$python" -m vllm.entrypoints.openai.api_server \
   --host 127.0.0.1 --port "$port" \
   --max-model-len 1024 --dtype bfloat16 \
   --max-num-seqs "${ENGINE_MAX_NUM_SEQS:-64}" \
-  --disable-uvicorn-access-log \
+  --disable-uvicorn-access-log --enable-prompt-tokens-details \
   "$@"

@@ -338,3 +338,24 @@ def api_key_limits_update(
         )
         _key_changed(api_key)
     return api_key
+
+
+def api_keys_last_used_flush() -> int:
+    """Copy the gateway's "last used" stamps (kept in Redis, off the request path) to keys."""
+    from datetime import UTC
+
+    from controlplane.redis import redis_sync
+
+    client = redis_sync()
+    staging = "ip:key_last_used:flushing"
+    try:
+        client.rename("ip:key_last_used", staging)
+    except Exception:  # nothing to flush (no such key)
+        return 0
+    stamps = {k.decode(): int(v) for k, v in client.hgetall(staging).items()}  # type: ignore[union-attr]
+    client.delete(staging)
+    for prefix, stamp in stamps.items():
+        ApiKey.objects.filter(prefix=prefix).update(
+            last_used_at=datetime.fromtimestamp(stamp, tz=UTC)
+        )
+    return len(stamps)

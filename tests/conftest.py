@@ -22,7 +22,7 @@ from rest_framework.test import APIClient
 from tenants.models import Role, Tenant, User
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
-pytest_plugins = ["tests.engines"]
+pytest_plugins = ["tests.engines", "tests.live", "tests.serving"]
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,0 +1,71 @@
+import csv
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from billing.selectors import usage_records_for_export
+from tenants.keys import KEY_TAG
+from tenants.models import Tenant
+from tenants.selectors import tenant_get_by_slug
+
+HEADER = [
+    "request_id", "tenant", "api_key", "model", "mode", "status", "prompt_tokens",
+    "completion_tokens", "cached_tokens", "cost_usd", "started_at", "finished_at",
+]  # fmt: skip
+
+
+def _day(value: str, option: str) -> date:
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise CommandError(f"{option} must be a date like 2026-11-30, not {value!r}") from None
+
+
+class Command(BaseCommand):
+    help = "Write a tenant's usage records as CSV on stdout (UTC days, both ends included)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--tenant", required=True)
+        parser.add_argument("--start", required=True, help="First day, YYYY-MM-DD (UTC).")
+        parser.add_argument("--end", required=True, help="Last day, YYYY-MM-DD (UTC).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        start, end = _day(options["start"], "--start"), _day(options["end"], "--end")
+        if end < start:
+            raise CommandError("--end is before --start")
+        try:
+            tenant = tenant_get_by_slug(slug=options["tenant"])
+        except Tenant.DoesNotExist:
+            raise CommandError(f"no tenant with slug {options['tenant']!r}") from None
+        try:
+            self.write_csv(tenant, start, end)
+        except BrokenPipeError:  # `| head` closed the pipe: not an error
+            pass
+
+    def write_csv(self, tenant: Tenant, start: date, end: date) -> None:
+        writer = csv.writer(self.stdout, lineterminator="\n")
+        writer.writerow(HEADER)
+        records = usage_records_for_export(
+            tenant=tenant,
+            start=datetime.combine(start, time.min, tzinfo=UTC),
+            end=datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC),
+        )
+        for r in records:
+            writer.writerow(
+                [
+                    r.request_id,
+                    tenant.slug,
+                    f"{KEY_TAG}{r.api_key.prefix}" if r.api_key else "",
+                    r.model,
+                    r.mode,
+                    r.status,
+                    r.prompt_tokens,
+                    r.completion_tokens,
+                    r.cached_tokens,
+                    "" if r.cost_micros is None else str(Decimal(r.cost_micros) / 1_000_000),
+                    r.started_at.isoformat(),
+                    r.finished_at.isoformat(),
+                ]
+            )

@@ -1,0 +1,445 @@
+"""Token-weighted fair admission (Virtual Token Counter) over Redis, global across processes.
+
+Per pool, under one hash tag (``ip:{p:<pool>}:``):
+  counters      hash   tenant -> virtual token counter (weighted service received)
+  backlog       zset   backlogged tenants, scored by counter
+  q:<tenant>    list   that tenant's waiting request ids (``fcfs``: one list for all)
+  req:<rid>     hash   tenant, weight, estimate, process, prefix, deadline, state, replica
+  inflight      zset   admitted request ids by lease expiry (renewed while they run)
+  replicas      hash   ready replica id -> capacity (``catalog_publish`` writes it)
+  rload         hash   replica id -> requests in flight
+  grants:<proc> list   admitted request ids for the web process that holds the connection
+
+Admitting picks the backlogged tenant with the smallest counter, charges it
+``w_in·prompt_estimate / weight`` and routes the request (least loaded replica; among
+near-least-loaded ones, rendezvous hashing of the prompt's prefix for cache affinity).
+Output tokens are charged as they stream (PROGRESS); COMPLETE reconciles the estimate with
+the engine's count, frees the slot and admits the next request. A tenant that becomes
+backlogged has its counter lifted to the smallest backlogged counter, so idle time earns no
+credit. Leases of a crashed process expire and are reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from redis.exceptions import RedisError
+
+from inference.api.errors import overloaded
+from inference.api.lua import script
+from inference.api.redis import redis_async
+from inference.catalog import pool_prefix
+
+log = logging.getLogger(__name__)
+
+LEASE_MS = 20_000
+RENEW_EVERY = 5.0
+W_IN, W_OUT = 1, 2  # weighted service = prompt + 2 x completion tokens
+ROUTE_SLACK = 1  # replicas within this many requests of the least loaded count as "least"
+
+_PRELUDE = """
+local base = KEYS[1]
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local LEASE = tonumber(ARGV[1])
+local SLACK = tonumber(ARGV[2])
+
+local function unload(rep)
+  if rep and redis.call('HINCRBY', base .. 'rload', rep, -1) < 0 then
+    redis.call('HSET', base .. 'rload', rep, 0)
+  end
+end
+
+local function reap()
+  local expired = redis.call('ZRANGEBYSCORE', base .. 'inflight', '-inf', now)
+  for _, rid in ipairs(expired) do
+    unload(redis.call('HGET', base .. 'req:' .. rid, 'replica'))
+    redis.call('ZREM', base .. 'inflight', rid)
+    redis.call('DEL', base .. 'req:' .. rid)
+  end
+end
+
+local function pick_replica(prefix)
+  local reps = redis.call('HGETALL', base .. 'replicas')
+  if #reps == 0 then return nil end
+  local ids = {}
+  for i = 1, #reps, 2 do ids[#ids + 1] = reps[i] end
+  local loads = redis.call('HMGET', base .. 'rload', unpack(ids))
+  local open, minload = {}, nil
+  for i = 1, #ids do
+    local load = tonumber(loads[i] or '0')
+    if load < tonumber(reps[2 * i]) then
+      open[#open + 1] = {ids[i], load}
+      if minload == nil or load < minload then minload = load end
+    end
+  end
+  if minload == nil then return nil end
+  local best, bestscore = nil, nil
+  for _, c in ipairs(open) do
+    if c[2] <= minload + SLACK then
+      local score
+      if prefix ~= '' then score = redis.sha1hex(prefix .. '|' .. c[1])
+      else score = string.format('%012d', 999999999999 - c[2]) end
+      if bestscore == nil or score > bestscore then best, bestscore = c[1], score end
+    end
+  end
+  return best
+end
+
+local function policy()
+  return redis.call('GET', base .. 'policy') or 'vtc'
+end
+
+local function leave_backlog_if_empty(tenant)
+  if redis.call('LLEN', base .. 'q:' .. tenant) == 0 then
+    redis.call('ZREM', base .. 'backlog', tenant)
+    redis.call('SET', base .. 'last_left', redis.call('HGET', base .. 'counters', tenant) or '0')
+    return true
+  end
+  return false
+end
+
+-- The next live waiting request: {rid, tenant, list key}, dropping ones past their deadline.
+local function next_request()
+  local order = (policy() == 'fcfs') and {'fcfs', 'vtc'} or {'vtc', 'fcfs'}
+  for _, kind in ipairs(order) do
+    while true do
+      local rid, tenant, list
+      if kind == 'fcfs' then
+        list = base .. 'fcfs'
+        rid = redis.call('LINDEX', list, 0)
+        if not rid then break end
+      else
+        local head = redis.call('ZRANGE', base .. 'backlog', 0, 0)
+        if #head == 0 then break end
+        tenant = head[1]
+        list = base .. 'q:' .. tenant
+        rid = redis.call('LINDEX', list, 0)
+        if not rid then redis.call('ZREM', base .. 'backlog', tenant) end
+      end
+      if rid then
+        local r = redis.call('HMGET', base .. 'req:' .. rid, 'tenant', 'deadline')
+        if r[1] and tonumber(r[2]) > now then return {rid, r[1], list, kind} end
+        redis.call('LPOP', list)
+        redis.call('DEL', base .. 'req:' .. rid)
+        if kind == 'vtc' then leave_backlog_if_empty(tenant) end
+      end
+    end
+  end
+  return nil
+end
+
+-- Admit while there is room. Grants go to the owning process's list, except self_rid's,
+-- whose replica is returned (the caller is waiting on this very script).
+local function dispatch(self_rid)
+  local mine = nil
+  while true do
+    local n = next_request()
+    if not n then break end
+    local rid, tenant, list, kind = n[1], n[2], n[3], n[4]
+    local key = base .. 'req:' .. rid
+    local r = redis.call('HMGET', key, 'weight', 'est', 'prefix', 'proc')
+    local rep = pick_replica(r[3])
+    if not rep then break end
+    redis.call('LPOP', list)
+    local c = redis.call('HINCRBYFLOAT', base .. 'counters', tenant, tonumber(r[2]) / tonumber(r[1]))
+    if kind == 'vtc' and not leave_backlog_if_empty(tenant) then
+      redis.call('ZADD', base .. 'backlog', c, tenant)
+    end
+    redis.call('HINCRBY', base .. 'rload', rep, 1)
+    redis.call('HSET', key, 'state', 'granted', 'replica', rep)
+    redis.call('ZADD', base .. 'inflight', now + LEASE, rid)
+    if rid == self_rid then
+      mine = rep
+    else
+      redis.call('RPUSH', base .. 'grants:' .. r[4], rid .. '|' .. rep)
+      redis.call('PEXPIRE', base .. 'grants:' .. r[4], 120000)
+    end
+  end
+  return mine
+end
+
+local function charge(tenant, weight, amount)
+  if amount == 0 then return end
+  local c = redis.call('HINCRBYFLOAT', base .. 'counters', tenant, amount / weight)
+  if redis.call('ZSCORE', base .. 'backlog', tenant) then
+    redis.call('ZADD', base .. 'backlog', c, tenant)
+  end
+end
+"""
+
+# ARGV: lease slack rid tenant weight est proc prefix wait_ms
+ENQUEUE = (
+    _PRELUDE
+    + """
+reap()
+if redis.call('EXISTS', base .. 'replicas') == 0 then return {'nocatalog', ''} end
+local rid, tenant, weight, est = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local key = base .. 'req:' .. rid
+local wait = tonumber(ARGV[9])
+redis.call('HSET', key, 'tenant', tenant, 'weight', weight, 'est', est, 'proc', ARGV[7],
+  'prefix', ARGV[8], 'state', 'queued', 'deadline', now + wait)
+redis.call('PEXPIRE', key, wait + 3600000)
+if policy() == 'fcfs' then
+  redis.call('RPUSH', base .. 'fcfs', rid)
+elseif redis.call('RPUSH', base .. 'q:' .. tenant, rid) == 1 then
+  -- Newly backlogged: lift to the smallest backlogged counter (or the last one to leave).
+  local c = tonumber(redis.call('HGET', base .. 'counters', tenant) or '0')
+  local low = redis.call('ZRANGE', base .. 'backlog', 0, 0, 'WITHSCORES')
+  local floor = (#low > 0) and tonumber(low[2]) or tonumber(redis.call('GET', base .. 'last_left') or '0')
+  if floor > c then
+    c = floor
+    redis.call('HSET', base .. 'counters', tenant, tostring(c))
+  end
+  redis.call('ZADD', base .. 'backlog', c, tenant)
+end
+local mine = dispatch(rid)
+if mine then return {'granted', mine} end
+return {'queued', ''}
+"""
+)
+
+# ARGV: lease slack rid amount
+PROGRESS = (
+    _PRELUDE
+    + """
+local r = redis.call('HMGET', base .. 'req:' .. ARGV[3], 'tenant', 'weight', 'state')
+if r[3] ~= 'granted' then return 0 end
+charge(r[1], tonumber(r[2]), tonumber(ARGV[4]))
+return 1
+"""
+)
+
+# ARGV: lease slack rid adjustment
+COMPLETE = (
+    _PRELUDE
+    + """
+reap()
+local key = base .. 'req:' .. ARGV[3]
+local r = redis.call('HMGET', key, 'tenant', 'weight', 'state', 'replica')
+if r[3] == 'granted' then
+  charge(r[1], tonumber(r[2]), tonumber(ARGV[4]))
+  unload(r[4])
+  redis.call('ZREM', base .. 'inflight', ARGV[3])
+  redis.call('DEL', key)
+end
+dispatch(nil)
+return 1
+"""
+)
+
+# ARGV: lease slack rid  ->  {'cancelled'|'granted'|'gone', replica}
+CANCEL = (
+    _PRELUDE
+    + """
+local rid = ARGV[3]
+local key = base .. 'req:' .. rid
+local r = redis.call('HMGET', key, 'tenant', 'state', 'replica')
+if r[2] == 'granted' then return {'granted', r[3]} end
+if r[2] == 'queued' then
+  redis.call('LREM', base .. 'fcfs', 1, rid)
+  if redis.call('LREM', base .. 'q:' .. r[1], 1, rid) > 0 then leave_backlog_if_empty(r[1]) end
+  redis.call('DEL', key)
+  return {'cancelled', ''}
+end
+return {'gone', ''}
+"""
+)
+
+# ARGV: lease slack rid failed_replica  ->  new replica id, or '' (slot released)
+REROUTE = (
+    _PRELUDE
+    + """
+local rid, failed = ARGV[3], ARGV[4]
+local key = base .. 'req:' .. rid
+redis.call('HDEL', base .. 'replicas', failed)
+if redis.call('HLEN', base .. 'replicas') == 0 then redis.call('HSET', base .. 'replicas', 'none', 0) end
+local r = redis.call('HMGET', key, 'state', 'prefix')
+if r[1] ~= 'granted' then return '' end
+unload(failed)
+local rep = pick_replica(r[2])
+if rep then
+  redis.call('HINCRBY', base .. 'rload', rep, 1)
+  redis.call('HSET', key, 'replica', rep)
+  return rep
+end
+redis.call('ZREM', base .. 'inflight', rid)
+redis.call('DEL', key)
+dispatch(nil)
+return ''
+"""
+)
+
+# ARGV: lease slack rid...
+RENEW = (
+    _PRELUDE
+    + """
+for i = 3, #ARGV do
+  redis.call('ZADD', base .. 'inflight', 'XX', now + LEASE, ARGV[i])
+  redis.call('PEXPIRE', base .. 'req:' .. ARGV[i], 3600000)
+end
+return 1
+"""
+)
+
+
+class CatalogMissing(Exception):
+    """Redis has no capacity record for the pool (it was flushed): publish and retry."""
+
+
+@dataclass
+class Admission:
+    """This process's side of admission: waits for grants, renews leases."""
+
+    proc: str = field(default_factory=lambda: uuid.uuid4().hex)
+    waiters: dict[str, asyncio.Future[str]] = field(default_factory=dict)
+    held: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    claimed: set[str] = field(default_factory=set)
+    listeners: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    renewer: asyncio.Task[None] | None = None
+
+    def _args(self, *args: object) -> list[object]:
+        return [LEASE_MS, ROUTE_SLACK, *args]
+
+    async def admit(
+        self,
+        *,
+        pool: str,
+        rid: str,
+        tenant: int,
+        weight: int,
+        prompt_estimate: int,
+        prefix: str,
+        wait_seconds: float,
+        limit_keys: tuple[str, ...],
+    ) -> str:
+        """Wait for a slot; the replica id to send the request to. 503 after the wait."""
+        self._start(pool)
+        base = pool_prefix(pool)
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.waiters[rid] = future
+        try:
+            result = await script(ENQUEUE)(
+                keys=[base],
+                args=self._args(
+                    rid, tenant, weight, W_IN * prompt_estimate, self.proc, prefix,
+                    int(wait_seconds * 1000),
+                ),  # fmt: skip
+            )
+            state, replica = result[0].decode(), result[1].decode()
+            if state == "nocatalog":
+                raise CatalogMissing(pool)
+            if state == "granted":
+                self.held[rid] = (pool, limit_keys)
+                return replica
+            try:
+                replica = await asyncio.wait_for(asyncio.shield(future), timeout=wait_seconds)
+            except (TimeoutError, asyncio.CancelledError) as exc:
+                replica = await self._withdraw(pool, rid, future)
+                if isinstance(exc, asyncio.CancelledError):
+                    if replica:
+                        await self.complete(pool=pool, rid=rid, adjustment=0)
+                    raise
+                if not replica:
+                    raise overloaded(max(1, int(wait_seconds / 4))) from None
+            self.held[rid] = (pool, limit_keys)
+            return replica
+        finally:
+            self.waiters.pop(rid, None)
+
+    async def _withdraw(self, pool: str, rid: str, future: asyncio.Future[str]) -> str:
+        """Leave the queue; if the grant won the race, the replica it carries."""
+        result = await script(CANCEL)(keys=[pool_prefix(pool)], args=self._args(rid))
+        if result[0].decode() != "granted":
+            return ""
+        # The grant is on its way to our listener; take it here and tell the listener.
+        self.claimed.add(rid)
+        if future.done():
+            self.claimed.discard(rid)
+        return result[1].decode()
+
+    async def progress(self, *, pool: str, rid: str, completion_tokens: int) -> None:
+        await script(PROGRESS)(
+            keys=[pool_prefix(pool)], args=self._args(rid, W_OUT * completion_tokens)
+        )
+
+    async def complete(self, *, pool: str, rid: str, adjustment: float) -> None:
+        """Free the slot; ``adjustment`` is the weighted service not yet charged."""
+        self.held.pop(rid, None)
+        await script(COMPLETE)(keys=[pool_prefix(pool)], args=self._args(rid, adjustment))
+
+    async def reroute(self, *, pool: str, rid: str, failed: str) -> str:
+        """The replica failed before answering: take it out of rotation, try another."""
+        result = await script(REROUTE)(keys=[pool_prefix(pool)], args=self._args(rid, failed))
+        replica = result.decode() if isinstance(result, bytes) else str(result)
+        if not replica:
+            self.held.pop(rid, None)
+        return replica
+
+    # --- background tasks --------------------------------------------------------------
+
+    def _start(self, pool: str) -> None:
+        if pool not in self.listeners or self.listeners[pool].done():
+            self.listeners[pool] = asyncio.create_task(self._listen(pool))
+        if self.renewer is None or self.renewer.done():
+            self.renewer = asyncio.create_task(self._renew())
+
+    async def _listen(self, pool: str) -> None:
+        key = pool_prefix(pool) + "grants:" + self.proc
+        while True:
+            try:
+                item = await redis_async().blpop([key], timeout=1)
+            except RedisError:
+                log.warning("admission listener for %s lost Redis; retrying", pool)
+                await asyncio.sleep(0.5)
+                continue
+            if item is None:
+                continue
+            rid, _, replica = item[1].decode().partition("|")
+            future = self.waiters.get(rid)
+            if rid in self.claimed:
+                self.claimed.discard(rid)
+            elif future is not None and not future.done():
+                future.set_result(replica)
+            else:  # nobody waits any more (left, timed out): give the slot back at once
+                with contextlib.suppress(RedisError):
+                    await self.complete(pool=pool, rid=rid, adjustment=0)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(RENEW_EVERY)
+            if not self.held:
+                continue
+            by_pool: dict[str, list[str]] = {}
+            limit_keys: dict[str, list[str]] = {}
+            for rid, (pool, keys) in list(self.held.items()):
+                by_pool.setdefault(pool, []).append(rid)
+                for k in keys:
+                    limit_keys.setdefault(k, []).append(rid)
+            try:
+                for pool, rids in by_pool.items():
+                    await script(RENEW)(keys=[pool_prefix(pool)], args=self._args(*rids))
+                client = redis_async()
+                pipe = client.pipeline(transaction=False)
+                expiry = await client.time()
+                until = expiry[0] * 1000 + expiry[1] // 1000 + LEASE_MS
+                for k, rids in limit_keys.items():
+                    pipe.zadd(k, dict.fromkeys(rids, until), xx=True)
+                await pipe.execute()
+            except RedisError:
+                log.warning("could not renew admission leases", exc_info=True)
+
+
+_admissions: dict[asyncio.AbstractEventLoop, Admission] = {}
+
+
+def admission() -> Admission:
+    loop = asyncio.get_running_loop()
+    found = _admissions.get(loop)
+    if found is None:
+        found = _admissions[loop] = Admission()
+    return found

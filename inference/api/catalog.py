@@ -1,0 +1,76 @@
+"""This process's copy of the serving catalog, refreshed from Redis every second in the
+background (never per request). When Redis has lost it, it is rebuilt from Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
+from redis.exceptions import RedisError
+
+from inference.api.redis import redis_async
+from inference.catalog import CATALOG_KEY, catalog_publish
+
+log = logging.getLogger(__name__)
+
+REFRESH_SECONDS = 1.0
+
+
+def _publish_from_db() -> dict[str, Any]:
+    close_old_connections()
+    try:
+        return catalog_publish()
+    finally:
+        close_old_connections()
+
+
+class CatalogView:
+    def __init__(self) -> None:
+        self.data: dict[str, Any] | None = None
+        self.fetched = 0.0
+        self.task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> dict[str, Any]:
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._refresh_forever())
+        if self.data is None:
+            await self.refresh()
+        assert self.data is not None
+        return self.data
+
+    async def refresh(self, *, republish: bool = False) -> None:
+        async with self._lock:
+            raw = None if republish else await redis_async().get(CATALOG_KEY)
+            if raw is None:
+                log.info("serving catalog missing in Redis: publishing it from the database")
+                self.data = await sync_to_async(_publish_from_db)()
+            else:
+                self.data = orjson.loads(raw)
+            self.fetched = time.monotonic()
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_SECONDS)
+            try:
+                await self.refresh()
+            except (RedisError, OSError):
+                log.warning("could not refresh the serving catalog", exc_info=True)
+            except Exception:  # the database may be away; keep serving from the last copy
+                log.warning("could not rebuild the serving catalog", exc_info=True)
+
+
+_views: dict[asyncio.AbstractEventLoop, CatalogView] = {}
+
+
+def catalog_view() -> CatalogView:
+    loop = asyncio.get_running_loop()
+    view = _views.get(loop)
+    if view is None:
+        view = _views[loop] = CatalogView()
+    return view

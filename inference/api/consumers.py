@@ -1,0 +1,338 @@
+"""The ``/v1`` endpoints as Channels consumers (routed in ``controlplane.asgi``).
+
+HTTP consumers run the response in a task of its own, so that the client leaving (ASGI
+``http.disconnect``) is noticed at once and cancels it: the engine request is closed (vLLM
+aborts the sequence), the slot and limits are released and the tokens so far are metered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import orjson
+from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
+from channels.generic.http import AsyncHttpConsumer
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from inference.api import pipeline
+from inference.api.auth import authenticate, bearer_token
+from inference.api.catalog import catalog_view
+from inference.api.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+JSON = (b"content-type", b"application/json")
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class GatewayHttpConsumer(AsyncHttpConsumer):
+    methods: tuple[str, ...] = ("POST",)
+    channel_layer_alias = "__none__"  # request/response only: no channel layer round trips
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.size = 0
+        self.task: asyncio.Task[None] | None = None
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels closes stale DB connections (a thread hop) before every message; this
+        # path touches no database, so skip it.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.scope["headers"]:
+            if key == name:
+                return bytes(value)
+        return None
+
+    async def http_request(self, message: dict[str, Any]) -> None:
+        if self.task is not None:
+            return
+        chunk = message.get("body", b"")
+        self.size += len(chunk)
+        if self.size > settings.INFERPLANE_MAX_BODY_BYTES:
+            self.task = asyncio.create_task(
+                self.send_error(
+                    ApiError(
+                        413,
+                        f"Request body too large: the limit is "
+                        f"{settings.INFERPLANE_MAX_BODY_BYTES} bytes.",
+                        code="request_too_large",
+                    )
+                )
+            )
+            return
+        self.body.append(chunk)
+        if not message.get("more_body"):
+            self.task = asyncio.create_task(self.respond(b"".join(self.body)))
+
+    async def http_disconnect(self, message: dict[str, Any]) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the client left mid-response
+        if self.task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        raise StopConsumer()
+
+    async def respond(self, body: bytes) -> None:
+        try:
+            if self.scope["method"] not in self.methods:
+                raise ApiError(
+                    405,
+                    f"Method {self.scope['method']} is not allowed here; use "
+                    f"{', '.join(self.methods)}.",
+                    code="method_not_allowed",
+                    headers={"allow": ", ".join(self.methods)},
+                )
+            await self.handle_request(body)
+        except ApiError as error:
+            await self.send_error(error)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("unexpected error in %s", self.scope["path"])
+            await self.send_error(
+                ApiError(500, "The server had an error while processing your request.",
+                         type="server_error")  # fmt: skip
+            )
+
+    async def send_error(self, error: ApiError, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
+        headers = [JSON, *extra, *((k.encode(), v.encode()) for k, v in error.headers.items())]
+        await self.send_response(error.status, error.json(), headers=headers)
+
+    async def handle_request(self, body: bytes) -> None:
+        raise NotImplementedError
+
+
+class CompletionConsumer(GatewayHttpConsumer):
+    endpoint = "chat.completions"
+
+    async def handle_request(self, body: bytes) -> None:
+        authorization = bearer_token(self.header(b"authorization"))
+        call = await pipeline.prepare(
+            authorization=authorization, raw_body=body, endpoint=self.endpoint
+        )
+        relay = pipeline.Relay(call)
+        cancelled = False
+        try:
+            try:
+                await relay.start()
+            except ApiError as error:
+                await self.send_error(error, call.headers)
+                return
+            if call.parsed.stream:
+                await self.stream(call, relay)
+            else:
+                await self.whole(call, relay)
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            await asyncio.shield(self.settle(call, relay, cancelled))
+
+    @staticmethod
+    async def settle(call: pipeline.Call, relay: pipeline.Relay, cancelled: bool) -> None:
+        if cancelled:
+            await relay.drain()
+        await relay.close()
+        await pipeline.finish(call, cancelled=cancelled)
+
+    async def stream(self, call: pipeline.Call, relay: pipeline.Relay) -> None:
+        await self.send_headers(status=200, headers=[*SSE_HEADERS, *call.headers])
+        dumps = orjson.dumps
+        try:
+            async for chunk in relay:
+                await self.send_body(b"data: " + dumps(chunk) + b"\n\n", more_body=True)
+        except pipeline.MidStreamError as exc:
+            error = {"error": {"message": str(exc), "type": "server_error", "param": None,
+                               "code": "engine_failed"}}  # fmt: skip
+            await self.send_body(b"data: " + dumps(error) + b"\n\n", more_body=True)
+        await self.send_body(b"data: [DONE]\n\n")
+
+    async def whole(self, call: pipeline.Call, relay: pipeline.Relay) -> None:
+        chunks = []
+        try:
+            async for chunk in relay:
+                chunks.append(chunk)
+        except pipeline.MidStreamError as exc:
+            await self.send_error(
+                ApiError(502, str(exc), type="server_error", code="engine_failed"), call.headers
+            )
+            return
+        body = orjson.dumps(pipeline.aggregate(call, chunks))
+        await self.send_response(200, body, headers=[JSON, *call.headers])
+
+
+class ChatCompletionsConsumer(CompletionConsumer):
+    endpoint = "chat.completions"
+
+
+class CompletionsConsumer(CompletionConsumer):
+    endpoint = "completions"
+
+
+def _model_object(name: str, model: dict[str, Any]) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": model["created"], "owned_by": "inferplane"}
+
+
+def _visible(catalog: dict[str, Any], tenant_id: int) -> dict[str, dict[str, Any]]:
+    return {
+        name: model
+        for name, model in catalog["models"].items()
+        if (model["is_public"] or tenant_id in model["allowed_tenants"]) and model["online_pool"]
+    }
+
+
+class ModelsConsumer(GatewayHttpConsumer):
+    methods = ("GET",)
+
+    async def handle_request(self, body: bytes) -> None:
+        key = await authenticate(bearer_token(self.header(b"authorization")))
+        models = _visible(await catalog_view().get(), key.tenant_id)
+        name = self.scope["url_route"]["kwargs"].get("model")
+        if name is None:
+            data: dict[str, Any] = {
+                "object": "list",
+                "data": [_model_object(n, m) for n, m in models.items()],
+            }
+        elif name in models:
+            data = _model_object(name, models[name])
+        else:
+            from inference.api.errors import model_not_found
+
+            raise model_not_found(name)
+        await self.send_response(200, orjson.dumps(data), headers=[JSON])
+
+
+class NotFoundConsumer(GatewayHttpConsumer):
+    methods = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+
+    async def handle_request(self, body: bytes) -> None:
+        raise ApiError(
+            404,
+            f"Invalid URL ({self.scope['method']} {self.scope['path']})",
+            code="unknown_url",
+        )
+
+
+class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
+    """``/v1/ws``: the same requests and chunks over one socket (protocol in the README).
+
+    Authenticate with ``Authorization: Bearer`` on the upgrade request, or with a first
+    message ``{"type": "auth", "api_key": "sk-ip-…"}`` (browsers cannot set headers).
+    Then send ``{"type": "request", "id": "…", "endpoint": "chat.completions" |
+    "completions", "body": {…}}``; chunks come back as ``{"type": "chunk", "id", "data"}``,
+    ending with ``{"type": "done", "id", "usage"}`` or ``{"type": "error", "id", "error"}``.
+    ``{"type": "cancel", "id"}`` stops one request. Several requests may run at once.
+    """
+
+    channel_layer_alias = "__none__"
+
+    async def connect(self) -> None:
+        self.authorization = ""
+        self.running: dict[str, asyncio.Task[None]] = {}
+        for key, value in self.scope["headers"]:
+            if key == b"authorization":
+                try:
+                    self.authorization = bearer_token(bytes(value))
+                    await authenticate(self.authorization)
+                except ApiError as error:
+                    await self.accept()
+                    await self.send_json({"type": "error", "id": None, "error": error.body()["error"]})
+                    await self.close(code=4401)
+                    return
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        for task in self.running.values():
+            task.cancel()
+        for task in list(self.running.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def send_json(self, data: dict[str, Any]) -> None:
+        await self.send(text_data=orjson.dumps(data).decode())
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            message = orjson.loads(text_data or bytes_data or b"")
+            if not isinstance(message, dict):
+                raise ValueError
+        except ValueError:
+            await self.send_json(
+                {"type": "error", "id": None,
+                 "error": {"message": "Messages must be JSON objects.",
+                           "type": "invalid_request_error", "param": None, "code": None}}
+            )  # fmt: skip
+            return
+        kind, rid = message.get("type"), message.get("id")
+        if kind == "auth":
+            try:
+                self.authorization = str(message.get("api_key") or "")
+                await authenticate(self.authorization)
+                await self.send_json({"type": "authenticated"})
+            except ApiError as error:
+                self.authorization = ""
+                await self.send_json({"type": "error", "id": None, "error": error.body()["error"]})
+        elif kind == "cancel" and rid in self.running:
+            self.running[rid].cancel()
+        elif kind == "request" and isinstance(rid, str) and rid not in self.running:
+            self.running[rid] = asyncio.create_task(self.run(rid, message))
+        else:
+            await self.send_json(
+                {"type": "error", "id": rid,
+                 "error": {"message": "Expected a message of type auth, request (with a new "
+                                      "string id) or cancel.",
+                           "type": "invalid_request_error", "param": "type", "code": None}}
+            )  # fmt: skip
+
+    async def run(self, rid: str, message: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        try:
+            endpoint = message.get("endpoint", "chat.completions")
+            if endpoint not in ("chat.completions", "completions"):
+                raise ApiError(400, "endpoint must be chat.completions or completions",
+                               param="endpoint")  # fmt: skip
+            if not self.authorization:
+                raise ApiError(401, "Authenticate first.", code="invalid_api_key")
+            await self.run_call(rid, endpoint, message.get("body"), started)
+        except ApiError as error:
+            await self.send_json({"type": "error", "id": rid, "error": error.body()["error"]})
+        finally:
+            self.running.pop(rid, None)
+
+    async def run_call(self, rid: str, endpoint: str, body: Any, started: float) -> None:
+        call = await pipeline.prepare(
+            authorization=self.authorization, raw_body=orjson.dumps(body), endpoint=endpoint
+        )
+        relay = pipeline.Relay(call)
+        cancelled = False
+        try:
+            await relay.start()
+            try:
+                async for chunk in relay:
+                    await self.send_json({"type": "chunk", "id": rid, "data": chunk})
+            except pipeline.MidStreamError as exc:
+                raise ApiError(502, str(exc), type="server_error", code="engine_failed") from exc
+            await self.send_json(
+                {"type": "done", "id": rid, "usage": call.usage(), "request_id": call.rid,
+                 "ttft_ms": call.ttft_ms, "duration_ms": int((time.perf_counter() - started) * 1000)}
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            await asyncio.shield(CompletionConsumer.settle(call, relay, cancelled))

@@ -1,0 +1,295 @@
+"""Per-tenant and per-key limits, checked and taken in one atomic Redis call.
+
+RPM and TPM are token buckets refilled continuously over a minute; TPM takes an estimate
+(prompt estimate + max_tokens) at admission and is corrected with the engine's count when
+the request ends. Concurrency is a sorted set of leases (so a crashed process's slots come
+back). The monthly token budget is a counter seeded from the ledger when Redis lacks it.
+"""
+
+from __future__ import annotations
+
+import calendar
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
+from django.db.models import F, Sum
+
+from inference.api.auth import KeyInfo
+from inference.api.errors import ApiError
+from inference.api.lua import script
+from inference.api.redis import redis_async
+
+LEASE_MS = 20_000
+LAST_USED = "ip:key_last_used"
+
+_PRELUDE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function level(key, limit)
+  local v = redis.call('HMGET', key, 't', 'ts')
+  local tokens = tonumber(v[1])
+  if tokens == nil then return limit end
+  local refilled = tokens + (now - tonumber(v[2])) * limit / 60000
+  if refilled > limit then refilled = limit end
+  return refilled
+end
+local function store(key, tokens, limit)
+  redis.call('HSET', key, 't', tostring(tokens), 'ts', now)
+  redis.call('PEXPIRE', key, 60000 + math.ceil(math.max(0, limit - tokens) * 60000 / limit))
+end
+"""
+
+# KEYS: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month last_used
+# ARGV: rid est lease_ms prefix, limits: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month
+# Returns {status, reason, retry_ms, req_lim, req_rem, req_reset, tok_lim, tok_rem, tok_reset}
+# status 1 = taken, 0 = refused, 2 = a monthly counter must be seeded first.
+ACQUIRE = (
+    _PRELUDE
+    + """
+local rid, est, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local L = {}
+for i = 5, 12 do L[i - 4] = tonumber(ARGV[i]) end
+local function conc_full(key, limit)
+  if limit <= 0 then return false end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  return redis.call('ZCARD', key) >= limit
+end
+if conc_full(KEYS[7], L[7]) or conc_full(KEYS[3], L[3]) then
+  return {0, 'concurrency', 1000, 0, 0, 0, 0, 0, 0}
+end
+for _, b in ipairs({{8, 8, 'seed_k'}, {4, 4, 'seed_t'}}) do
+  local limit = L[b[2]]
+  if limit > 0 then
+    local used = redis.call('GET', KEYS[b[1]])
+    if not used then return {2, b[3], 0, 0, 0, 0, 0, 0, 0} end
+    if tonumber(used) >= limit then return {0, 'budget', 0, 0, 0, 0, 0, 0, 0} end
+  end
+end
+-- {key index, limit index, tokens needed, kind}
+local buckets = {{1, 1, 1, 'r'}, {5, 5, 1, 'r'}, {2, 2, est, 't'}, {6, 6, est, 't'}}
+local levels, retry, reason = {}, 0, nil
+for i, b in ipairs(buckets) do
+  local limit = L[b[2]]
+  if limit > 0 then
+    local lvl = level(KEYS[b[1]], limit)
+    levels[i] = lvl
+    if b[3] > limit then
+      return {0, 'too_large', 0, 0, 0, 0, limit, math.floor(lvl), 0}
+    end
+    if lvl < b[3] then
+      local wait = math.ceil((b[3] - lvl) * 60000 / limit)
+      if wait > retry then retry = wait; reason = (b[4] == 'r') and 'requests' or 'tokens' end
+    end
+  end
+end
+local report = {0, 0, 0, 0, 0, 0}
+local taken = (reason == nil)
+for i, b in ipairs(buckets) do
+  local limit = L[b[2]]
+  if limit > 0 then
+    local left = levels[i]
+    if taken then left = left - b[3]; store(KEYS[b[1]], left, limit) end
+    local slot = (b[4] == 'r') and 1 or 4
+    if report[slot] == 0 or left < report[slot + 1] then
+      report[slot] = limit
+      report[slot + 1] = math.max(0, math.floor(left))
+      report[slot + 2] = math.ceil(math.max(0, limit - left) * 60000 / limit)
+    end
+  end
+end
+if not taken then
+  return {0, reason, retry, report[1], report[2], report[3], report[4], report[5], report[6]}
+end
+for _, c in ipairs({{3, 3}, {7, 7}}) do
+  if L[c[2]] > 0 then
+    redis.call('ZADD', KEYS[c[1]], now + lease, rid)
+    redis.call('PEXPIRE', KEYS[c[1]], lease * 2)
+  end
+end
+redis.call('HSET', KEYS[9], ARGV[4], math.floor(now / 1000))
+return {1, 'ok', 0, report[1], report[2], report[3], report[4], report[5], report[6]}
+"""
+)
+
+# KEYS: t_tpm t_conc t_month k_tpm k_conc k_month   ARGV: rid est actual t_tpm_lim k_tpm_lim
+RELEASE = (
+    _PRELUDE
+    + """
+local rid, est, actual = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZREM', KEYS[2], rid)
+redis.call('ZREM', KEYS[5], rid)
+for _, b in ipairs({{1, 4}, {4, 5}}) do
+  local limit = tonumber(ARGV[b[2]])
+  if limit > 0 and redis.call('EXISTS', KEYS[b[1]]) == 1 then
+    local left = level(KEYS[b[1]], limit) + est - actual
+    if left > limit then left = limit end
+    store(KEYS[b[1]], left, limit)
+  end
+end
+for _, m in ipairs({3, 6}) do
+  if redis.call('EXISTS', KEYS[m]) == 1 then redis.call('INCRBY', KEYS[m], actual) end
+end
+return 1
+"""
+)
+
+
+def _month() -> str:
+    return datetime.now(UTC).strftime("%Y%m")
+
+
+def _seconds_to_next_month() -> int:
+    now = datetime.now(UTC)
+    days = calendar.monthrange(now.year, now.month)[1]
+    end = now.replace(day=days, hour=23, minute=59, second=59)
+    return max(1, int((end - now).total_seconds()) + 1)
+
+
+@dataclass(slots=True)
+class Grant:
+    """Limits taken for one request; ``release`` gives back what the request did not use."""
+
+    key: KeyInfo
+    rid: str
+    estimate: int
+    headers: list[tuple[bytes, bytes]]
+    month: str
+    conc_keys: tuple[str, ...]
+
+    async def release(self, actual_tokens: int) -> None:
+        t, k = _scopes(self.key, self.month)
+        await script(RELEASE)(
+            keys=[t["tpm"], t["conc"], t["month"], k["tpm"], k["conc"], k["month"]],
+            args=[
+                self.rid,
+                self.estimate,
+                actual_tokens,
+                self.key.tenant_limits[1],
+                self.key.key_limits[1],
+            ],
+        )
+
+
+def _scopes(key: KeyInfo, month: str) -> tuple[dict[str, str], dict[str, str]]:
+    t = f"ip:rl:t:{key.tenant_id}:"
+    k = f"ip:rl:k:{key.key_id}:"
+    return (
+        {"rpm": t + "rpm", "tpm": t + "tpm", "conc": t + "conc", "month": f"{t}m:{month}"},
+        {"rpm": k + "rpm", "tpm": k + "tpm", "conc": k + "conc", "month": f"{k}m:{month}"},
+    )
+
+
+def _duration(ms: int) -> str:
+    """OpenAI's reset format: 20ms, 1s, 1.5s, 6m0s."""
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}m{rest}s"
+
+
+def _headers(values: list[int]) -> list[tuple[bytes, bytes]]:
+    req_lim, req_rem, req_reset, tok_lim, tok_rem, tok_reset = values
+    headers: list[tuple[bytes, bytes]] = []
+    if req_lim:
+        headers += [
+            (b"x-ratelimit-limit-requests", str(req_lim).encode()),
+            (b"x-ratelimit-remaining-requests", str(req_rem).encode()),
+            (b"x-ratelimit-reset-requests", _duration(req_reset).encode()),
+        ]
+    if tok_lim:
+        headers += [
+            (b"x-ratelimit-limit-tokens", str(tok_lim).encode()),
+            (b"x-ratelimit-remaining-tokens", str(tok_rem).encode()),
+            (b"x-ratelimit-reset-tokens", _duration(tok_reset).encode()),
+        ]
+    return headers
+
+
+def _month_used_from_db(key: KeyInfo, per_key: bool, month: str) -> int:
+    from billing.models import UsageRecord
+
+    start = datetime(int(month[:4]), int(month[4:]), 1, tzinfo=UTC)
+    close_old_connections()
+    try:
+        records = UsageRecord.objects.filter(tenant_id=key.tenant_id, started_at__gte=start)
+        if per_key:
+            records = records.filter(api_key_id=key.key_id)
+        total = records.aggregate(n=Sum(F("prompt_tokens") + F("completion_tokens")))["n"]
+        return int(total or 0)
+    finally:
+        close_old_connections()
+
+
+async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
+    """Take one request and ``estimate`` tokens from every limit, or raise a 429."""
+    month = _month()
+    t, k = _scopes(key, month)
+    tl, kl = key.tenant_limits, key.key_limits
+    # LIMIT_NAMES order: rpm, tpm, max_concurrency, max_tokens_per_request, monthly tokens, spend
+    limits = [tl[0], tl[1], tl[2], tl[4], kl[0], kl[1], kl[2], kl[4]]
+    for _ in range(3):
+        result = await script(ACQUIRE)(
+            keys=[t["rpm"], t["tpm"], t["conc"], t["month"], k["rpm"], k["tpm"], k["conc"],
+                  k["month"], LAST_USED],  # fmt: skip
+            args=[rid, estimate, LEASE_MS, key.prefix, *limits],
+        )
+        status, reason = int(result[0]), result[1].decode()
+        if status != 2:
+            break
+        per_key = reason == "seed_k"
+        used = await sync_to_async(_month_used_from_db)(key, per_key, month)
+        await redis_async().set(
+            (k if per_key else t)["month"], used, nx=True, ex=_seconds_to_next_month() + 86400
+        )
+    values = [int(v) for v in result[3:]]
+    headers = _headers(values)
+    if status == 1:
+        return Grant(
+            key=key,
+            rid=rid,
+            estimate=estimate,
+            headers=headers,
+            month=month,
+            conc_keys=tuple(c for c, lim in ((t["conc"], tl[2]), (k["conc"], kl[2])) if lim),
+        )
+    retry_ms = int(result[2])
+    retry_after = max(1, -(-retry_ms // 1000))
+    extra = {h.decode(): v.decode() for h, v in headers}
+    if reason == "budget":
+        raise ApiError(
+            429,
+            "You exceeded your monthly token budget. Ask your tenant admin to raise it.",
+            type="insufficient_quota",
+            code="insufficient_quota",
+            headers=extra,
+        )
+    if reason == "concurrency":
+        raise ApiError(
+            429,
+            "Too many requests in flight for this key or tenant. Wait for one to finish.",
+            type="requests",
+            code="rate_limit_exceeded",
+            headers={**extra, "retry-after": "1"},
+        )
+    if reason == "too_large":
+        raise ApiError(
+            429,
+            f"Request too large: it may use up to {estimate} tokens, and the limit is "
+            f"{values[3]} tokens per minute. Lower max_tokens or the prompt.",
+            type="tokens",
+            code="rate_limit_exceeded",
+            headers=extra,
+        )
+    kind = "requests per minute" if reason == "requests" else "tokens per minute"
+    raise ApiError(
+        429,
+        f"Rate limit reached ({kind}). Please try again in {_duration(retry_ms)}.",
+        type=reason,
+        code="rate_limit_exceeded",
+        headers={**extra, "retry-after": str(retry_after)},
+    )

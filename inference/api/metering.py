@@ -1,0 +1,34 @@
+"""The gateway's side of the usage ledger: one record per request, pushed to a Redis spool.
+
+The Celery worker moves the spool into Postgres in batches (``billing.services``), so the
+request path never waits on the database and a Postgres outage costs nothing but delay.
+When Redis itself cannot take the record, it goes straight to Postgres.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from asgiref.sync import sync_to_async
+from redis.exceptions import RedisError
+
+from billing.services import USAGE_SPOOL, usage_records_insert
+from inference.api.redis import redis_async
+
+log = logging.getLogger(__name__)
+
+
+async def spool(record: dict[str, Any]) -> None:
+    data = orjson.dumps(record)
+    try:
+        await redis_async().rpush(USAGE_SPOOL, data)
+        return
+    except RedisError:
+        log.warning("usage spool unavailable; writing %s to the database", record["request_id"])
+    try:
+        await sync_to_async(usage_records_insert)([record])
+    except Exception:
+        # Both stores are away: the log line is the record of last resort.
+        log.error("USAGE RECORD NOT STORED: %s", data.decode())

@@ -1,0 +1,442 @@
+"""One request through the gateway, whatever the transport (SSE, JSON, WebSocket).
+
+prepare():  authenticate → validate → resolve the model → limits → admission (a replica)
+Relay:      send to the replica (another one if it fails before answering), then yield the
+            engine's chunks cleaned to OpenAI's shape, charging output tokens as they come
+finish():   meter with the engine's counts, release limits and the admission slot
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import orjson
+from redis.exceptions import RedisError
+
+from inference.api import limits, metering
+from inference.api.admission import W_IN, W_OUT, CatalogMissing, admission
+from inference.api.auth import KeyInfo, authenticate
+from inference.api.catalog import catalog_view
+from inference.api.errors import ApiError, model_not_found, overloaded
+from inference.api.schema import ParsedRequest, check_max_tokens, parse_request, upstream_body
+from inference.api.upstream import PATHS, engine_client, engine_error, sse_data
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COMPLETION_ESTIMATE = 256  # tokens assumed when max_tokens is not given
+PROGRESS_EVERY = 16  # chunks between two charges of output tokens
+MAX_ATTEMPTS = 3
+DRAIN_IDLE_SECONDS = 0.02
+DRAIN_CAP_SECONDS = 0.5
+# Fields vLLM adds to OpenAI's chunk shape.
+_EXTRA_TOP = ("prompt_token_ids", "prompt_text", "kv_transfer_params")
+_EXTRA_CHOICE = ("token_ids",)
+
+
+class MidStreamError(Exception):
+    """The engine failed after the response had started."""
+
+
+@dataclass(slots=True)
+class Call:
+    rid: str
+    key: KeyInfo
+    parsed: ParsedRequest
+    pool: str
+    served_name: str
+    replicas: dict[str, Any]
+    grant: limits.Grant
+    replica: str
+    body: bytes
+    started_at: datetime
+    t0: float
+    headers: list[tuple[bytes, bytes]]
+    replica_url: str = ""
+    reached_engine: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    progressed: int = 0
+    ttft_ms: int | None = None
+    done: bool = False
+    status: str = "ok"
+    error: str = ""
+    finished: bool = field(default=False)
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+def _resolve(catalog: dict[str, Any], name: str, key: KeyInfo) -> tuple[str, dict[str, Any]]:
+    model = catalog["models"].get(name)
+    if model is None or not (model["is_public"] or key.tenant_id in model["allowed_tenants"]):
+        raise model_not_found(name)
+    pool_name = model["online_pool"]
+    if pool_name is None:
+        raise ApiError(
+            503, f"No online pool serves `{name}` right now.", type="server_error", code="no_pool"
+        )
+    return pool_name, model
+
+
+async def prepare(*, authorization: str, raw_body: bytes, endpoint: str) -> Call:
+    t0 = time.perf_counter()
+    started_at = datetime.now(UTC)
+    key = await authenticate(authorization)
+    parsed = parse_request(raw_body, endpoint)
+    view = catalog_view()
+    catalog = await view.get()
+    pool_name, model = _resolve(catalog, parsed.model, key)
+    max_tokens = check_max_tokens(
+        parsed,
+        context_length=model["context_length"],
+        tenant_cap=key.limit("max_tokens_per_request"),
+    )
+    rid = uuid.uuid4().hex
+    estimate = parsed.prompt_estimate + (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
+    grant = await limits.acquire(key, rid=rid, estimate=estimate)
+    pool = catalog["pools"][pool_name]
+    try:
+        replica = await _admit(view, pool_name, pool, rid, key, parsed, grant)
+    except BaseException:
+        await asyncio.shield(_release_quietly(grant))
+        raise
+    if replica not in pool["replicas"]:  # a replica newer than our copy of the catalog
+        await view.refresh()
+        pool = (view.data or catalog)["pools"].get(pool_name, pool)
+    return Call(
+        rid=rid,
+        key=key,
+        parsed=parsed,
+        pool=pool_name,
+        served_name=model["served_name"],
+        replicas=pool["replicas"],
+        grant=grant,
+        replica=replica,
+        body=upstream_body(parsed, served_name=model["served_name"], max_tokens=max_tokens),
+        started_at=started_at,
+        t0=t0,
+        headers=[(b"x-request-id", rid.encode()), *grant.headers],
+    )
+
+
+async def _admit(
+    view: Any,
+    pool_name: str,
+    pool: dict[str, Any],
+    rid: str,
+    key: KeyInfo,
+    parsed: ParsedRequest,
+    grant: limits.Grant,
+) -> str:
+    for attempt in range(2):
+        try:
+            return await admission().admit(
+                pool=pool_name,
+                rid=rid,
+                tenant=key.tenant_id,
+                weight=key.weight,
+                prompt_estimate=parsed.prompt_estimate,
+                prefix=parsed.prefix_hash,
+                wait_seconds=pool["max_queue_wait_seconds"],
+                limit_keys=grant.conc_keys,
+            )
+        except CatalogMissing:
+            if attempt:
+                break
+            await view.refresh(republish=True)
+        except RedisError:
+            log.warning("admission unavailable", exc_info=True)
+            break
+    raise overloaded(2, "Admission is unavailable for a moment. Retry shortly.")
+
+
+async def _release_quietly(grant: limits.Grant) -> None:
+    try:
+        await grant.release(0)
+    except RedisError:
+        log.warning("could not release limits of %s", grant.rid, exc_info=True)
+
+
+class Relay:
+    """The engine's answer to one call, as OpenAI-shaped chunks."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.response: httpx.Response | None = None
+        self.events: AsyncIterator[bytes] | None = None
+        self.first: bytes | None = None
+
+    async def start(self) -> None:
+        """Connect and wait for the engine's first event, failing over between replicas."""
+        call = self.call
+        client = engine_client()
+        path = PATHS[call.parsed.endpoint]
+        for _attempt in range(MAX_ATTEMPTS):
+            call.replica_url = call.replicas.get(call.replica, {}).get("url", "")
+            call.reached_engine = True
+            try:
+                request = client.build_request(
+                    "POST",
+                    call.replica_url + path,
+                    content=call.body,
+                    headers={"content-type": "application/json", "x-request-id": call.rid},
+                )
+                response = await client.send(request, stream=True)
+            except httpx.TransportError as exc:
+                await self._failover(f"{type(exc).__name__}: {exc}")
+                continue
+            if response.status_code != 200:
+                body = await response.aread()
+                await response.aclose()
+                if response.status_code >= 500 or response.status_code == 404:
+                    await self._failover(f"HTTP {response.status_code}")
+                    continue
+                call.status, call.error = "error", f"engine refused: HTTP {response.status_code}"
+                raise engine_error(response.status_code, body)
+            events = sse_data(response)
+            try:
+                first = await anext(events)
+            except (httpx.TransportError, StopAsyncIteration) as exc:
+                await response.aclose()
+                await self._failover(f"no answer: {type(exc).__name__}")
+                continue
+            self.response, self.events, self.first = response, events, first
+            call.ttft_ms = int((time.perf_counter() - call.t0) * 1000)
+            return
+        call.status, call.error = "error", "no replica answered"
+        raise overloaded(2, "No replica could serve the request. Retry shortly.")
+
+    async def _failover(self, reason: str) -> None:
+        call = self.call
+        log.warning("replica %s failed before answering (%s); rerouting", call.replica_url, reason)
+        call.error = reason[:300]
+        try:
+            replica = await admission().reroute(pool=call.pool, rid=call.rid, failed=call.replica)
+        except RedisError:
+            replica = ""
+        if not replica:
+            call.status = "error"
+            call.replica = ""
+            raise overloaded(2, "No replica could serve the request. Retry shortly.")
+        call.replica = replica
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        assert self.events is not None and self.first is not None
+        call = self.call
+        include_usage = call.parsed.include_usage
+        chunks = 0
+        data = self.first
+        try:
+            while True:
+                if data == b"[DONE]":
+                    call.done = True
+                    return
+                chunk = orjson.loads(data)
+                if "choices" not in chunk and "error" in chunk:
+                    raise MidStreamError(str(chunk["error"].get("message", "engine error"))[:300])
+                self._count(chunk.pop("usage", None))
+                for name in _EXTRA_TOP:
+                    chunk.pop(name, None)
+                chunk["model"] = call.parsed.model
+                choices = chunk.get("choices")
+                if choices:
+                    for choice in choices:
+                        for name in _EXTRA_CHOICE:
+                            choice.pop(name, None)
+                    if include_usage:
+                        chunk["usage"] = None
+                    yield chunk
+                elif include_usage:
+                    chunk["usage"] = call.usage()
+                    yield chunk
+                chunks += 1
+                if chunks % PROGRESS_EVERY == 0:
+                    await self._progress()
+                try:
+                    data = await anext(self.events)
+                except StopAsyncIteration:
+                    call.done = True  # ended without [DONE]; vLLM always sends it
+                    return
+        except (httpx.TransportError, MidStreamError) as exc:
+            call.status = "error"
+            call.error = f"engine failed mid-stream: {exc}"[:300]
+            raise MidStreamError(call.error) from exc
+
+    def _count(self, usage: dict[str, Any] | None) -> None:
+        """The engine's running totals for this request (continuous usage stats)."""
+        if usage:
+            call = self.call
+            call.prompt_tokens = usage.get("prompt_tokens") or 0
+            call.completion_tokens = usage.get("completion_tokens") or 0
+            details = usage.get("prompt_tokens_details") or {}
+            call.cached_tokens = details.get("cached_tokens") or 0
+
+    async def drain(self, *, idle: float = DRAIN_IDLE_SECONDS, cap: float = DRAIN_CAP_SECONDS) -> None:
+        """After the client left: take in what the engine already produced, then stop.
+
+        The engine can run ahead of its own HTTP stream (outputs wait in its queue, merged),
+        so tokens it generated may not have reached us yet. Reading while data keeps coming
+        without a pause (up to ``cap``) puts them in the ledger; the first pause of ``idle``
+        means we are level with generation, and closing then aborts it at once.
+        """
+        if self.events is None or self.call.done:
+            return
+        deadline = time.perf_counter() + cap
+        try:
+            while (remaining := deadline - time.perf_counter()) > 0:
+                data = await asyncio.wait_for(anext(self.events), timeout=min(idle, remaining))
+                if data == b"[DONE]":
+                    return
+                chunk = orjson.loads(data)
+                self._count(chunk.get("usage"))
+        except (TimeoutError, StopAsyncIteration, httpx.TransportError, orjson.JSONDecodeError):
+            return
+
+    async def _progress(self) -> None:
+        call = self.call
+        delta = call.completion_tokens - call.progressed
+        if delta <= 0:
+            return
+        try:
+            await admission().progress(pool=call.pool, rid=call.rid, completion_tokens=delta)
+            call.progressed = call.completion_tokens
+        except RedisError:
+            log.warning("could not charge progress of %s", call.rid)
+
+    async def close(self) -> None:
+        if self.response is not None:
+            # Closing mid-body drops the connection: vLLM aborts the sequence at once.
+            await self.response.aclose()
+
+
+async def finish(call: Call, *, cancelled: bool = False) -> None:
+    """Meter the call and release everything it held. Runs once, shielded from cancellation."""
+    if call.finished:
+        return
+    call.finished = True
+    if cancelled and call.status == "ok" and not call.done:
+        call.status = "cut_off"
+    elif call.status == "ok" and not call.done:
+        call.status = "error"
+    parsed = call.parsed
+    adjustment = W_IN * (call.prompt_tokens - parsed.prompt_estimate) + W_OUT * (
+        call.completion_tokens - call.progressed
+    )
+    try:
+        if call.replica:
+            await admission().complete(pool=call.pool, rid=call.rid, adjustment=adjustment)
+        await call.grant.release(call.prompt_tokens + call.completion_tokens)
+    except RedisError:
+        log.warning("could not release admission/limits of %s", call.rid, exc_info=True)
+    finished_at = datetime.now(UTC)
+    await metering.spool(
+        {
+            "request_id": call.rid,
+            "tenant_id": call.key.tenant_id,
+            "api_key_id": call.key.key_id,
+            "model": parsed.model,
+            "adapter": "",
+            "endpoint": parsed.endpoint,
+            "mode": "online",
+            "status": call.status,
+            "prompt_tokens": call.prompt_tokens,
+            "completion_tokens": call.completion_tokens,
+            "cached_tokens": call.cached_tokens,
+            "pool": call.pool,
+            "replica": call.replica_url,
+            "ttft_ms": call.ttft_ms,
+            "duration_ms": int((time.perf_counter() - call.t0) * 1000),
+            "error": call.error,
+            "started_at": call.started_at.isoformat(),
+            "finished_at": finished_at.isoformat(),
+        }
+    )
+
+
+def aggregate(call: Call, chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The non-streamed response, rebuilt from the engine's stream."""
+    first = chunks[0] if chunks else {}
+    chat = call.parsed.endpoint == "chat.completions"
+    choices: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for c in chunk.get("choices") or ():
+            index = c.get("index", 0)
+            if chat:
+                choice = choices.setdefault(
+                    index,
+                    {"index": index, "message": {"role": "assistant", "content": None},
+                     "logprobs": None, "finish_reason": None},
+                )  # fmt: skip
+                _merge_delta(choice, c)
+            else:
+                choice = choices.setdefault(
+                    index, {"index": index, "text": "", "logprobs": None, "finish_reason": None}
+                )
+                choice["text"] += c.get("text") or ""
+                if c.get("logprobs"):
+                    logprobs = choice["logprobs"] or {
+                        "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []
+                    }  # fmt: skip
+                    for name in logprobs:
+                        logprobs[name].extend(c["logprobs"].get(name) or [])
+                    choice["logprobs"] = logprobs
+            if c.get("finish_reason"):
+                choice["finish_reason"] = c["finish_reason"]
+            if c.get("stop_reason") is not None:
+                choice["stop_reason"] = c["stop_reason"]
+    if chat:
+        for choice in choices.values():
+            message = choice["message"]
+            if message["content"] is None and not message.get("tool_calls"):
+                message["content"] = ""
+    return {
+        "id": first.get("id", f"cmpl-{call.rid}"),
+        "object": "chat.completion" if chat else "text_completion",
+        "created": first.get("created", int(call.started_at.timestamp())),
+        "model": call.parsed.model,
+        "choices": [choices[i] for i in sorted(choices)],
+        "usage": call.usage(),
+    }
+
+
+def _merge_delta(choice: dict[str, Any], c: dict[str, Any]) -> None:
+    delta = c.get("delta") or {}
+    message = choice["message"]
+    if delta.get("role"):
+        message["role"] = delta["role"]
+    for text_field in ("content", "reasoning_content", "reasoning", "refusal"):
+        if delta.get(text_field) is not None:
+            message[text_field] = (message.get(text_field) or "") + delta[text_field]
+    for call in delta.get("tool_calls") or ():
+        calls = message.setdefault("tool_calls", [])
+        index = call.get("index", len(calls))
+        while len(calls) <= index:
+            calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        target = calls[index]
+        if call.get("id"):
+            target["id"] = call["id"]
+        if call.get("type"):
+            target["type"] = call["type"]
+        function = call.get("function") or {}
+        if function.get("name"):
+            target["function"]["name"] += function["name"]
+        if function.get("arguments"):
+            target["function"]["arguments"] += function["arguments"]
+    if c.get("logprobs") and c["logprobs"].get("content"):
+        logprobs = choice["logprobs"] or {"content": []}
+        logprobs["content"].extend(c["logprobs"]["content"])
+        choice["logprobs"] = logprobs

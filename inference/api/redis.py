@@ -1,0 +1,32 @@
+"""The async Redis client of this process (one per event loop), shared by the hot path."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+from django.conf import settings
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+_clients: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
+
+
+def redis_async() -> aioredis.Redis:
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        client = aioredis.Redis.from_url(
+            settings.REDIS_URL,
+            socket_connect_timeout=2,
+            socket_timeout=5,
+            health_check_interval=30,
+            max_connections=512,
+            # A restarted Redis is reconnected to on the next command, not by a restart of ours.
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        )
+        _clients[loop] = client
+    return client

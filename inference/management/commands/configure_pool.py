@@ -1,0 +1,45 @@
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from controlplane.commands import parse_positive_int, validation_message
+from inference.models import Pool
+from inference.selectors import pool_get
+from inference.services import pool_configure
+
+
+class Command(BaseCommand):
+    help = "Change a pool's admission settings. Takes effect on every web process within a second."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name")
+        parser.add_argument("--max-inflight", help="Requests admitted at once per ready replica.")
+        parser.add_argument("--policy", help="vtc (token-fair between tenants) or fcfs.")
+        parser.add_argument("--max-queue-wait", help="Seconds a request may wait for admission.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            pool = pool_get(name=options["name"])
+        except Pool.DoesNotExist:
+            raise CommandError(f"no pool named {options['name']!r}") from None
+        policy = options["policy"]
+        if policy is not None and policy not in Pool.Policy.values:
+            raise CommandError(f"--policy must be one of {', '.join(Pool.Policy.values)}")
+        try:
+            pool = pool_configure(
+                pool=pool,
+                max_inflight=parse_positive_int(
+                    options["max_inflight"], option="--max-inflight", maximum=4096
+                ),
+                policy=policy,
+                max_queue_wait_seconds=parse_positive_int(
+                    options["max_queue_wait"], option="--max-queue-wait", maximum=3600
+                ),
+            )
+        except ValidationError as exc:
+            raise CommandError(validation_message(exc)) from None
+        self.stdout.write(
+            f"{pool.name}: max_inflight={pool.max_inflight} policy={pool.policy} "
+            f"max_queue_wait={pool.max_queue_wait_seconds}s"
+        )

@@ -1,0 +1,448 @@
+"""The OpenAI-compatible gateway, driven with the official SDK against a live server and a
+real vLLM CPU engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from inference.catalog import catalog_publish
+from inference.models import Model, Pool
+from tenants.models import ApiKey
+from tenants.services import api_key_revoke, tenant_update
+from tests.live import engine_counters, wait_for
+from tests.serving import World
+
+pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
+
+CHAT = [{"role": "user", "content": "Hello, how are you?"}]
+CUT_OFF_SLACK = 2  # tokens a cut-off stream may be generated but not seen (in flight at abort)
+
+
+def _record(world: World, request_id: str):  # type: ignore[no-untyped-def]
+    return wait_for(lambda: world.records(request_id=request_id), timeout=30)[0]
+
+
+# --- Happy paths -----------------------------------------------------------------------------
+
+
+def test_models_lists_what_the_tenant_may_use(world: World) -> None:
+    tenant, key = world.tenant()
+    other, _ = world.tenant()
+    private = Model.objects.create(
+        name="private-chat", served_name="tiny-chat", context_length=1024, is_public=False
+    )
+    private.allowed_tenants.add(other)
+    Pool.objects.create(name="private", kind="dedicated", model=private)
+    catalog_publish()
+    time.sleep(1.2)  # web processes refresh their catalog every second
+    client = world.stack.openai(key)
+    assert [m.id for m in client.models.list().data] == ["tiny-chat"]
+    assert client.models.retrieve("tiny-chat").id == "tiny-chat"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("private-chat")
+    assert err.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="private-chat", messages=CHAT, max_tokens=2)
+
+
+def test_chat_unstreamed_with_usage(world: World) -> None:
+    _, key = world.tenant()
+    response = world.stack.openai(key).chat.completions.with_raw_response.create(
+        model="tiny-chat", messages=CHAT, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
+    completion = response.parse()
+    assert completion.object == "chat.completion"
+    assert completion.model == "tiny-chat"
+    choice = completion.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason == "length"
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 12
+    assert completion.usage.prompt_tokens > 0
+    request_id = response.headers["x-request-id"]
+    record = _record(world, request_id)
+    assert (record.prompt_tokens, record.completion_tokens) == (
+        completion.usage.prompt_tokens,
+        12,
+    )
+    assert record.status == "ok" and record.endpoint == "chat.completions"
+    assert record.ttft_ms is not None and record.replica == world.engines[0].url
+
+
+def test_chat_streamed_matches_unstreamed_and_reports_usage(world: World) -> None:
+    _, key = world.tenant()
+    client = world.stack.openai(key)
+    args = dict(model="tiny-chat", messages=CHAT, max_tokens=20, temperature=0, seed=7)
+    whole = client.chat.completions.create(**args)  # type: ignore[call-overload]
+    chunks = list(
+        client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})  # type: ignore[call-overload]
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content  # greedy: the same answer both ways
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+    assert all(c.model == "tiny-chat" for c in chunks)
+
+
+def test_stream_without_include_usage_has_no_usage_chunk(world: World) -> None:
+    """Clients that iterate ``chunk.choices[0]`` must not meet an empty usage chunk."""
+    _, key = world.tenant()
+    chunks = list(
+        world.stack.openai(key).chat.completions.create(
+            model="tiny-chat", messages=CHAT, max_tokens=5, stream=True
+        )
+    )
+    assert chunks and all(c.choices for c in chunks)
+    assert all(c.usage is None for c in chunks)
+
+
+def test_completions_streamed_and_not(world: World) -> None:
+    _, key = world.tenant()
+    client = world.stack.openai(key)
+    whole = client.completions.create(
+        model="tiny-chat", prompt="The quick brown fox", max_tokens=10, temperature=0
+    )
+    assert whole.object == "text_completion" and whole.usage is not None
+    assert whole.usage.completion_tokens == 10 or whole.choices[0].finish_reason == "stop"
+    streamed = list(
+        client.completions.create(
+            model="tiny-chat", prompt="The quick brown fox", max_tokens=10, temperature=0,
+            stream=True, stream_options={"include_usage": True},
+        )  # fmt: skip
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text
+    assert streamed[-1].usage is not None
+    assert streamed[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_vllm_sampling_extras_pass_through(world: World) -> None:
+    _, key = world.tenant()
+    completion = world.stack.openai(key).chat.completions.create(
+        model="tiny-chat",
+        messages=CHAT,
+        max_tokens=30,
+        extra_body={"min_tokens": 30, "ignore_eos": True, "top_k": 5, "repetition_penalty": 1.1},
+    )
+    assert completion.usage is not None and completion.usage.completion_tokens == 30
+
+
+def test_async_sdk_concurrent_streams(world: World) -> None:
+    _, key = world.tenant()
+
+    async def one(client: openai.AsyncOpenAI) -> int:
+        stream = await client.chat.completions.create(
+            model="tiny-chat", messages=CHAT, max_tokens=16, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        usage = 0
+        async for chunk in stream:
+            if chunk.usage:
+                usage = chunk.usage.completion_tokens
+        return usage
+
+    async def main() -> list[int]:
+        async with world.stack.async_openai(key) as client:
+            return await asyncio.gather(*(one(client) for _ in range(12)))
+
+    assert asyncio.run(main()) == [16] * 12
+
+
+# --- Errors in OpenAI's shape ----------------------------------------------------------------
+
+
+def _raw(world: World, method: str, path: str, key: str | None = None, **kwargs) -> httpx.Response:  # type: ignore[no-untyped-def]
+    headers = kwargs.pop("headers", {})
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    return httpx.request(method, world.stack.url + path, headers=headers, timeout=30, **kwargs)
+
+
+def _error(response: httpx.Response) -> dict[str, object]:
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error  # type: ignore[no-any-return]
+
+
+def test_missing_and_wrong_keys_get_401(world: World) -> None:
+    response = _raw(world, "GET", "/v1/models")
+    assert response.status_code == 401 and _error(response)["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError) as err:
+        world.stack.openai("sk-ip-0123456789ab_not-a-real-secret").models.list()
+    assert err.value.code == "invalid_api_key"
+    _, key = world.tenant()
+    forged = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
+    with pytest.raises(openai.AuthenticationError):
+        world.stack.openai(forged).models.list()
+
+
+def test_revoked_key_stops_within_a_second(world: World) -> None:
+    tenant, key = world.tenant()
+    client = world.stack.openai(key)
+    client.models.list()  # cached now in the process and in Redis
+    api_key_revoke(api_key=ApiKey.objects.get(tenant=tenant), actor=None)
+    revoked_at = time.monotonic()
+
+    def refused() -> bool:
+        try:
+            client.models.list()
+        except openai.AuthenticationError:
+            return True
+        return False
+
+    wait_for(refused, timeout=5, every=0.05)
+    assert time.monotonic() - revoked_at < 2.0  # design bound: 1 s in-process cache
+
+
+def test_suspended_tenant_is_refused(world: World) -> None:
+    tenant, key = world.tenant()
+    world.stack.openai(key).models.list()
+    tenant_update(tenant=tenant, actor=None, status="suspended")
+    time.sleep(1.1)
+    with pytest.raises(openai.AuthenticationError):
+        world.stack.openai(key).models.list()
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        ({"model": "tiny-chat"}, "messages", "Missing required parameter"),
+        ({"model": "tiny-chat", "messages": []}, "messages", "at least 1"),
+        ({"model": "tiny-chat", "messages": [{"role": "robot", "content": "x"}]},
+         "messages[0].role", "Invalid value"),
+        ({"model": "tiny-chat", "messages": CHAT, "temperature": 3}, "temperature", "less than"),
+        ({"model": "tiny-chat", "messages": CHAT, "max_tokens": 0}, "max_tokens", "greater"),
+        ({"model": "tiny-chat", "messages": CHAT, "max_tokens": "ten"}, "max_tokens", "integer"),
+        ({"model": "tiny-chat", "messages": CHAT, "chat_template": "{{ 7*7 }}"}, "chat_template",
+         "Unrecognized request argument"),
+        ({"model": "tiny-chat", "messages": CHAT, "priority": -100}, "priority", "Unrecognized"),
+        ({"model": "tiny-chat", "messages": CHAT, "stream_options": {"include_usage": True}},
+         "stream_options", "only allowed when 'stream'"),
+        ({"model": "tiny-chat", "messages": CHAT, "max_tokens": 4096}, "max_tokens", "too large"),
+    ],
+)  # fmt: skip
+def test_invalid_requests_get_400(world: World, body: dict, param: str, fragment: str) -> None:  # type: ignore[type-arg]
+    _, key = world.tenant()
+    response = _raw(world, "POST", "/v1/chat/completions", key, json=body)
+    assert response.status_code == 400, response.text
+    error = _error(response)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert fragment in str(error["message"])
+
+
+def test_malformed_json_and_non_object_get_400(world: World) -> None:
+    _, key = world.tenant()
+    for content in (b"{not json", b"[1, 2]"):
+        response = _raw(world, "POST", "/v1/chat/completions", key, content=content)
+        assert response.status_code == 400
+        assert _error(response)["type"] == "invalid_request_error"
+
+
+def test_context_length_exceeded(world: World) -> None:
+    _, key = world.tenant()
+    with pytest.raises(openai.BadRequestError) as err:
+        world.stack.openai(key).chat.completions.create(
+            model="tiny-chat", messages=[{"role": "user", "content": "word " * 2000}], max_tokens=8
+        )
+    assert err.value.code == "context_length_exceeded"
+
+
+def test_unknown_model_is_404(world: World) -> None:
+    _, key = world.tenant()
+    with pytest.raises(openai.NotFoundError) as err:
+        world.stack.openai(key).chat.completions.create(model="gpt-9", messages=CHAT)
+    assert err.value.code == "model_not_found"
+    assert "gpt-9" in err.value.message
+
+
+def test_wrong_method_is_405_and_unknown_url_404(world: World) -> None:
+    _, key = world.tenant()
+    response = _raw(world, "GET", "/v1/chat/completions", key)
+    assert response.status_code == 405
+    assert response.headers["allow"] == "POST"
+    assert _error(response)["code"] == "method_not_allowed"
+    response = _raw(world, "POST", "/v1/models", key)
+    assert response.status_code == 405
+    response = _raw(world, "POST", "/v1/embeddings", key, json={})
+    assert response.status_code == 404 and _error(response)["code"] == "unknown_url"
+
+
+def test_oversized_body_is_413(world: World) -> None:
+    _, key = world.tenant()
+    huge = {"model": "tiny-chat", "messages": [{"role": "user", "content": "x" * (5 << 20)}]}
+    response = _raw(world, "POST", "/v1/chat/completions", key, content=orjson.dumps(huge))
+    assert response.status_code == 413
+    assert _error(response)["code"] == "request_too_large"
+
+
+def test_max_tokens_bounded_by_the_tenants_limit(world: World) -> None:
+    _, key = world.tenant(max_tokens_per_request=8)
+    client = world.stack.openai(key)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=9)
+    assert err.value.param == "max_tokens"
+    # Unspecified max_tokens is capped at the limit, not refused.
+    completion = client.chat.completions.create(
+        model="tiny-chat", messages=CHAT, extra_body={"ignore_eos": True}
+    )
+    assert completion.usage is not None and completion.usage.completion_tokens == 8
+
+
+# --- Limits ----------------------------------------------------------------------------------
+
+
+def test_rpm_limit_with_headers(world: World) -> None:
+    _, key = world.tenant(rpm=3)
+    client = world.stack.openai(key)
+    seen = []
+    for _ in range(3):
+        response = client.chat.completions.with_raw_response.create(
+            model="tiny-chat", messages=CHAT, max_tokens=1
+        )
+        seen.append(response.headers)
+    assert [h["x-ratelimit-limit-requests"] for h in seen] == ["3", "3", "3"]
+    assert [h["x-ratelimit-remaining-requests"] for h in seen] == ["2", "1", "0"]
+    assert all(h["x-ratelimit-reset-requests"].endswith("s") for h in seen)
+    with pytest.raises(openai.RateLimitError) as err:
+        client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=1)
+    assert err.value.code == "rate_limit_exceeded"
+    headers = err.value.response.headers
+    assert int(headers["retry-after"]) >= 1
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_tpm_limit_estimates_then_corrects(world: World) -> None:
+    _, key = world.tenant(tpm=400)
+    client = world.stack.openai(key)
+    # Estimated at admission (prompt estimate + max_tokens 300), then corrected to the
+    # engine's count (a few tokens), so the next request fits again.
+    first = client.chat.completions.with_raw_response.create(
+        model="tiny-chat", messages=CHAT, max_tokens=300, stop=["e"]
+    )
+    assert first.headers["x-ratelimit-limit-tokens"] == "400"
+    assert int(first.headers["x-ratelimit-remaining-tokens"]) < 100
+    client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=300)
+    with pytest.raises(openai.RateLimitError) as err:
+        for _ in range(10):
+            client.chat.completions.create(
+                model="tiny-chat", messages=CHAT, max_tokens=300, extra_body={"ignore_eos": True}
+            )
+    assert err.value.code == "rate_limit_exceeded"
+    assert err.value.response.headers["x-ratelimit-limit-tokens"] == "400"
+
+
+def test_request_larger_than_tpm_is_refused_with_a_reason(world: World) -> None:
+    _, key = world.tenant(tpm=100)
+    with pytest.raises(openai.RateLimitError) as err:
+        world.stack.openai(key).chat.completions.create(
+            model="tiny-chat", messages=CHAT, max_tokens=500
+        )
+    assert "Request too large" in err.value.message
+
+
+def test_concurrency_limit_refuses_at_once(world: World) -> None:
+    _, key = world.tenant(max_concurrency=1)
+    client = world.stack.openai(key)
+    stream = client.chat.completions.create(
+        model="tiny-chat", messages=CHAT, max_tokens=400, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    next(iter(stream))
+    started = time.monotonic()
+    with pytest.raises(openai.RateLimitError) as err:
+        client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=1)
+    assert time.monotonic() - started < 5  # refused, not queued behind the stream
+    assert err.value.code == "rate_limit_exceeded"
+    stream.close()
+    # The slot comes back when the stream ends (here: the client left).
+    wait_for(lambda: _succeeds(client), timeout=10)
+
+
+def _succeeds(client: openai.OpenAI) -> bool:
+    try:
+        client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=1)
+    except openai.RateLimitError:
+        return False
+    return True
+
+
+def test_monthly_token_budget_trips_with_insufficient_quota(world: World) -> None:
+    tenant, key = world.tenant(monthly_token_budget=60)
+    client = world.stack.openai(key)
+    with pytest.raises(openai.RateLimitError) as err:
+        for _ in range(10):
+            client.chat.completions.create(
+                model="tiny-chat", messages=CHAT, max_tokens=20, extra_body={"ignore_eos": True}
+            )
+    assert err.value.code == "insufficient_quota"
+    assert err.value.type == "insufficient_quota"
+    records = wait_for(lambda: world.records(tenant=tenant), timeout=30)
+    used = sum(r.prompt_tokens + r.completion_tokens for r in records)
+    assert 60 <= used < 60 + 20 + 20  # stopped by the first request past the budget
+
+
+# --- Disconnects and metering ----------------------------------------------------------------
+
+
+def test_client_disconnect_aborts_upstream_and_meters(world: World) -> None:
+    tenant, key = world.tenant(max_concurrency=1)
+    engine = world.engines[0]
+    client = world.stack.openai(key)
+    stream = client.chat.completions.with_raw_response.create(
+        model="tiny-chat", messages=CHAT, max_tokens=800, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    request_id = stream.headers["x-request-id"]
+    chunks = stream.parse()
+    for i, _ in enumerate(chunks):
+        if i == 5:
+            break
+    chunks.close()
+    # The engine stops generating (its running count drops) long before 800 tokens.
+    wait_for(lambda: engine_counters(engine)["vllm:num_requests_running"] == 0, timeout=5)
+    record = _record(world, request_id)
+    assert record.status == "cut_off"
+    assert 5 <= record.completion_tokens < 800
+    # Concurrency was released: the next request is admitted.
+    assert _succeeds(client)
+
+
+def test_ledger_equals_engine_counters(world: World) -> None:
+    """Every token the engine counted is in the ledger, cut-off streams included."""
+    engine = world.engines[0]
+    wait_for(lambda: engine_counters(engine)["vllm:num_requests_running"] == 0, timeout=10)
+    before = engine_counters(engine)
+    tenant, key = world.tenant()
+    client = world.stack.openai(key)
+    for i in range(3):
+        client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=10 + i)
+        client.completions.create(model="tiny-chat", prompt="Fair queuing", max_tokens=7)
+    for cut in (3, 9):
+        stream = client.chat.completions.create(
+            model="tiny-chat", messages=CHAT, max_tokens=500, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        for i, _ in enumerate(stream):
+            if i == cut:
+                break
+        stream.close()
+    wait_for(lambda: engine_counters(engine)["vllm:num_requests_running"] == 0, timeout=10)
+    records = wait_for(lambda: len(r := world.records(tenant=tenant)) == 8 and r, timeout=30)
+    after = engine_counters(engine)
+    assert sum(r.prompt_tokens for r in records) == (
+        after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
+    )
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    completed = [r for r in records if r.status == "ok"]
+    assert len(completed) == 6 and sorted(r.status for r in records).count("cut_off") == 2
+    # A cut-off stream can lose at most the tokens the engine made between the gateway's
+    # last read and the abort (one decode step); everything already produced is drained.
+    ledger = sum(r.completion_tokens for r in records)
+    assert generated - 2 * CUT_OFF_SLACK <= ledger <= generated

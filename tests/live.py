@@ -1,0 +1,158 @@
+"""A live Inferplane stack for tests: uvicorn (ASGI, N workers), a Celery worker and beat,
+against the test database, real Redis and real vLLM engines.
+
+Tests that use one need ``transactional_db`` (``django_db(transaction=True)``): the live
+processes only see committed rows.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from django.conf import settings
+
+from tests.engines import LOG_DIR, ROOT, Engine, free_port
+
+
+@dataclass
+class Stack:
+    url: str
+    env: dict[str, str]
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def openai(self, key: str, **kwargs: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, **kwargs)
+
+    def async_openai(self, key: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def _spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    with (LOG_DIR / f"{name}.log").open("ab") as log:
+        return subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def stack_start(
+    database_url: str,
+    *,
+    workers: int = 1,
+    redis_url: str | None = None,
+    name: str = "stack",
+    celery: bool = True,
+    extra_env: dict[str, str] | None = None,
+) -> Stack:
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url or settings.REDIS_URL,
+        "INFERPLANE_PROBE_INTERVAL_SECONDS": "2",
+        **(extra_env or {}),
+    }
+    stack = Stack(url=f"http://127.0.0.1:{port}", env=env)
+    bin_dir = Path(sys.executable).parent
+    stack.processes["web"] = _spawn(
+        f"{name}-web",
+        [str(bin_dir / "uvicorn"), "controlplane.asgi:application", "--port", str(port),
+         "--workers", str(workers), "--no-access-log", "--lifespan", "off"],
+        env,
+    )  # fmt: skip
+    if celery:
+        stack.processes["worker"] = _spawn(
+            f"{name}-worker",
+            [str(bin_dir / "celery"), "-A", "controlplane", "worker", "-l", "warning",
+             "--concurrency", "2", "--without-heartbeat", "--without-gossip", "--without-mingle"],
+            env,
+        )  # fmt: skip
+        stack.processes["beat"] = _spawn(
+            f"{name}-beat",
+            [str(bin_dir / "celery"), "-A", "controlplane", "beat", "-l", "warning",
+             "--schedule", str(LOG_DIR / f"{name}-beat-{port}")],
+            env,
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for proc_name, process in stack.processes.items():
+            if process.poll() is not None:
+                stack.stop()
+                pytest.fail(f"{proc_name} exited; see var/test-logs/{name}-{proc_name}.log")
+        try:
+            if httpx.get(f"{stack.url}/healthz", timeout=1).status_code == 200:
+                return stack
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    stack.stop()
+    pytest.fail(f"web server did not start; see var/test-logs/{name}-web.log")
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout: float = 20, every: float = 0.2) -> Any:
+    """Poll until ``predicate()`` is truthy (the live processes work asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(every)
+
+
+def engine_counters(engine: Engine) -> dict[str, float]:
+    """The engine's own token counters and queue gauges, from /metrics."""
+    wanted = (
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+    )
+    values = dict.fromkeys(wanted, 0.0)
+    for line in httpx.get(f"{engine.url}/metrics", timeout=5).text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in values:
+            values[name] += float(line.rsplit(" ", 1)[1])
+    return values
+
+
+@pytest.fixture(scope="session")
+def serving_db_url(django_db_setup: None) -> str:
+    from tests.conftest import test_database_url
+
+    return test_database_url()
+
+
+@pytest.fixture
+def stack_factory() -> Iterator[Callable[..., Stack]]:
+    started: list[Stack] = []
+
+    def make(*args: Any, **kwargs: Any) -> Stack:
+        stack = stack_start(*args, **kwargs)
+        started.append(stack)
+        return stack
+
+    yield make
+    for stack in started:
+        stack.stop()

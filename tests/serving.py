@@ -1,0 +1,72 @@
+"""A serving world for gateway tests: the tiny model, an online pool on real engines, a
+live stack (module-scoped), and tenants with keys.
+
+These tests use ``transactional_db``: rows are committed, so the live processes see them,
+and every table is emptied after each test. The world's rows are (re)created per test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from billing.models import UsageRecord
+from inference.models import Pool
+from inference.services import model_ensure, pool_ensure, replica_probe
+from tenants.models import Tenant
+from tenants.services import api_key_create, tenant_create
+from tests.engines import Engine
+from tests.live import Stack, stack_start
+
+_slugs = itertools.count(1)
+
+
+@dataclass
+class World:
+    stack: Stack
+    engines: list[Engine]
+
+    def tenant(self, *, weight: int = 1, **limits: int | None) -> tuple[Tenant, str]:
+        """A tenant with the given limits and one API key; returns (tenant, key)."""
+        tenant = tenant_create(slug=f"live-{next(_slugs)}", weight=weight, limits=limits, actor=None)
+        issued = api_key_create(tenant=tenant, name="test", created_by=None)
+        return tenant, issued.secret
+
+    def records(self, **filters: Any) -> list[UsageRecord]:
+        return list(UsageRecord.objects.filter(**filters).order_by("id"))
+
+    def pool(self) -> Pool:
+        return Pool.objects.get(name="online")
+
+
+def world_rows(engines: list[Engine], **pool_settings: Any) -> None:
+    model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
+    pool = pool_ensure(
+        name="online", kind="dedicated", model=model, replica_urls=[e.url for e in engines]
+    )
+    if pool_settings:
+        Pool.objects.filter(pk=pool.pk).update(**pool_settings)
+    for replica in pool.replicas.all():
+        replica_probe(replica=replica)
+    from inference.catalog import catalog_publish
+
+    catalog_publish()
+    time.sleep(1.1)  # the live web processes refresh their catalog copy every second
+
+
+@pytest.fixture(scope="module")
+def gateway_stack(serving_db_url: str) -> Iterator[Stack]:
+    stack = stack_start(serving_db_url, name="gateway")
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture
+def world(transactional_db: None, engine: Engine, gateway_stack: Stack) -> World:
+    world_rows([engine])
+    return World(stack=gateway_stack, engines=[engine])
