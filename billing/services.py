@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
-from django.db import IntegrityError, transaction
+from django.db import transaction
 
 from billing.models import UsageRecord
 from controlplane.redis import redis_sync
+from tenants.models import ApiKey, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +32,29 @@ def _record(data: dict[str, Any]) -> UsageRecord:
 
 
 def usage_records_insert(records: Iterable[dict[str, Any]]) -> int:
-    """Insert records, ignoring any whose request_id is already in the ledger (idempotent)."""
+    """Insert records, ignoring any whose request_id is already in the ledger (idempotent).
+
+    A record naming a tenant or key that does not exist is dropped with an error in the log
+    (foreign keys are checked at commit, where one bad row would sink the whole batch).
+    """
     rows = [_record(r) for r in records]
-    try:
-        with transaction.atomic():
-            UsageRecord.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
-    except IntegrityError:
-        # One bad row (an unknown tenant id, say) must not hold back the rest.
-        for row in rows:
-            try:
-                with transaction.atomic():
-                    UsageRecord.objects.bulk_create([row], ignore_conflicts=True)
-            except IntegrityError:
-                log.error("usage record refused by the database: %s", row.request_id)
-    return len(rows)
+    tenants = set(
+        Tenant.objects.filter(pk__in={r.tenant_id for r in rows}).values_list("pk", flat=True)
+    )
+    keys = set(
+        ApiKey.objects.filter(pk__in={r.api_key_id for r in rows if r.api_key_id}).values_list(
+            "pk", flat=True
+        )
+    )
+    valid = []
+    for row in rows:
+        if row.tenant_id in tenants and (row.api_key_id is None or row.api_key_id in keys):
+            valid.append(row)
+        else:
+            log.error("usage record names an unknown tenant or key, dropped: %s", row.request_id)
+    with transaction.atomic():
+        UsageRecord.objects.bulk_create(valid, ignore_conflicts=True, batch_size=500)
+    return len(valid)
 
 
 def usage_spool_flush(*, max_batches: int = 50) -> int:
@@ -57,12 +67,12 @@ def usage_spool_flush(*, max_batches: int = 50) -> int:
     moved = 0
     try:
         for _ in range(max_batches):
-            items = client.lrange(USAGE_SPOOL, 0, FLUSH_BATCH - 1)
+            items = cast(list[bytes], client.lrange(USAGE_SPOOL, 0, FLUSH_BATCH - 1))
             if not items:
                 break
-            usage_records_insert(orjson.loads(item) for item in items)  # type: ignore[union-attr]
-            client.ltrim(USAGE_SPOOL, len(items), -1)  # type: ignore[arg-type]
-            moved += len(items)  # type: ignore[arg-type]
+            usage_records_insert(orjson.loads(item) for item in items)
+            client.ltrim(USAGE_SPOOL, len(items), -1)
+            moved += len(items)
     finally:
         client.delete(FLUSH_LOCK)
     return moved

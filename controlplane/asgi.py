@@ -18,7 +18,7 @@ from inference.api.routing import http_urlpatterns, websocket_urlpatterns  # noq
 
 application = ProtocolTypeRouter(
     {
-        "http": URLRouter([*http_urlpatterns, re_path(r"", django_asgi_app)]),
+        "http": URLRouter([*http_urlpatterns, re_path(r"", django_asgi_app)]),  # type: ignore[arg-type]
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

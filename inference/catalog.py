@@ -46,9 +46,7 @@ def catalog_build() -> dict[str, Any]:
             "policy": pool.policy,
             "max_inflight": pool.max_inflight,
             "max_queue_wait_seconds": pool.max_queue_wait_seconds,
-            "replicas": {
-                str(r.pk): {"url": r.url, "state": r.state} for r in pool.replicas.all()
-            },
+            "replicas": {str(r.pk): {"url": r.url, "state": r.state} for r in pool.replicas.all()},
         }
         slot = "online_pool" if pool.kind == Pool.Kind.DEDICATED else "batch_pool"
         if models[pool.model.name][slot] is None:

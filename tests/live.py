@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 from django.conf import settings
+from openai import AsyncOpenAI, OpenAI
 
 from tests.engines import LOG_DIR, ROOT, Engine, free_port
 
@@ -31,11 +31,11 @@ class Stack:
     env: dict[str, str]
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def openai(self, key: str, **kwargs: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, **kwargs)
+    def openai(self, key: str, **kwargs: Any) -> OpenAI:
+        return OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, **kwargs)
 
-    def async_openai(self, key: str) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
+    def async_openai(self, key: str) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
 
     def stop(self) -> None:
         for process in self.processes.values():
@@ -77,23 +77,51 @@ def stack_start(
     bin_dir = Path(sys.executable).parent
     stack.processes["web"] = _spawn(
         f"{name}-web",
-        [str(bin_dir / "uvicorn"), "controlplane.asgi:application", "--port", str(port),
-         "--workers", str(workers), "--no-access-log", "--lifespan", "off"],
+        [
+            str(bin_dir / "uvicorn"),
+            "controlplane.asgi:application",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--no-access-log",
+            "--lifespan",
+            "off",
+        ],
         env,
-    )  # fmt: skip
+    )
     if celery:
         stack.processes["worker"] = _spawn(
             f"{name}-worker",
-            [str(bin_dir / "celery"), "-A", "controlplane", "worker", "-l", "warning",
-             "--concurrency", "2", "--without-heartbeat", "--without-gossip", "--without-mingle"],
+            [
+                str(bin_dir / "celery"),
+                "-A",
+                "controlplane",
+                "worker",
+                "-l",
+                "warning",
+                "--concurrency",
+                "2",
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+            ],
             env,
-        )  # fmt: skip
+        )
         stack.processes["beat"] = _spawn(
             f"{name}-beat",
-            [str(bin_dir / "celery"), "-A", "controlplane", "beat", "-l", "warning",
-             "--schedule", str(LOG_DIR / f"{name}-beat-{port}")],
+            [
+                str(bin_dir / "celery"),
+                "-A",
+                "controlplane",
+                "beat",
+                "-l",
+                "warning",
+                "--schedule",
+                str(LOG_DIR / f"{name}-beat-{port}"),
+            ],
             env,
-        )  # fmt: skip
+        )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for proc_name, process in stack.processes.items():

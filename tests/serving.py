@@ -33,7 +33,9 @@ class World:
 
     def tenant(self, *, weight: int = 1, **limits: int | None) -> tuple[Tenant, str]:
         """A tenant with the given limits and one API key; returns (tenant, key)."""
-        tenant = tenant_create(slug=f"live-{next(_slugs)}", weight=weight, limits=limits, actor=None)
+        tenant = tenant_create(
+            slug=f"live-{next(_slugs)}", weight=weight, limits=limits, actor=None
+        )
         issued = api_key_create(tenant=tenant, name="test", created_by=None)
         return tenant, issued.secret
 

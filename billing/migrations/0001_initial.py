@@ -5,40 +5,81 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tenants', '0001_initial'),
+        ("tenants", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='UsageRecord',
+            name="UsageRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('request_id', models.CharField(max_length=64, unique=True)),
-                ('model', models.CharField(max_length=200)),
-                ('adapter', models.CharField(blank=True, max_length=200)),
-                ('endpoint', models.CharField(max_length=32)),
-                ('mode', models.CharField(choices=[('online', 'Online'), ('batch', 'Batch')], default='online', max_length=8)),
-                ('status', models.CharField(choices=[('ok', 'Completed'), ('cut_off', 'Cut off (client left)'), ('error', 'Error'), ('content_filter', 'Stopped by moderation')], max_length=16)),
-                ('prompt_tokens', models.PositiveIntegerField(default=0)),
-                ('completion_tokens', models.PositiveIntegerField(default=0)),
-                ('cached_tokens', models.PositiveIntegerField(default=0)),
-                ('cost_micros', models.BigIntegerField(blank=True, null=True)),
-                ('pool', models.CharField(blank=True, max_length=64)),
-                ('replica', models.CharField(blank=True, max_length=200)),
-                ('ttft_ms', models.PositiveIntegerField(blank=True, null=True)),
-                ('duration_ms', models.PositiveIntegerField(default=0)),
-                ('error', models.CharField(blank=True, max_length=300)),
-                ('started_at', models.DateTimeField()),
-                ('finished_at', models.DateTimeField()),
-                ('api_key', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenants.apikey')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("request_id", models.CharField(max_length=64, unique=True)),
+                ("model", models.CharField(max_length=200)),
+                ("adapter", models.CharField(blank=True, max_length=200)),
+                ("endpoint", models.CharField(max_length=32)),
+                (
+                    "mode",
+                    models.CharField(
+                        choices=[("online", "Online"), ("batch", "Batch")],
+                        default="online",
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("ok", "Completed"),
+                            ("cut_off", "Cut off (client left)"),
+                            ("error", "Error"),
+                            ("content_filter", "Stopped by moderation"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("prompt_tokens", models.PositiveIntegerField(default=0)),
+                ("completion_tokens", models.PositiveIntegerField(default=0)),
+                ("cached_tokens", models.PositiveIntegerField(default=0)),
+                ("cost_micros", models.BigIntegerField(blank=True, null=True)),
+                ("pool", models.CharField(blank=True, max_length=64)),
+                ("replica", models.CharField(blank=True, max_length=200)),
+                ("ttft_ms", models.PositiveIntegerField(blank=True, null=True)),
+                ("duration_ms", models.PositiveIntegerField(default=0)),
+                ("error", models.CharField(blank=True, max_length=300)),
+                ("started_at", models.DateTimeField()),
+                ("finished_at", models.DateTimeField()),
+                (
+                    "api_key",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="tenants.apikey",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['tenant', 'started_at'], name='usage_tenant_started'), models.Index(fields=['started_at'], name='usage_started')],
+                "indexes": [
+                    models.Index(fields=["tenant", "started_at"], name="usage_tenant_started"),
+                    models.Index(fields=["started_at"], name="usage_started"),
+                ],
             },
         ),
     ]

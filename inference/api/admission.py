@@ -2,6 +2,7 @@
 
 Per pool, under one hash tag (``ip:{p:<pool>}:``):
   counters      hash   tenant -> virtual token counter (weighted service received)
+  active        hash   tenant -> requests running
   backlog       zset   backlogged tenants, scored by counter
   q:<tenant>    list   that tenant's waiting request ids (``fcfs``: one list for all)
   req:<rid>     hash   tenant, weight, estimate, process, prefix, deadline, state, replica
@@ -15,8 +16,9 @@ Admitting picks the backlogged tenant with the smallest counter, charges it
 near-least-loaded ones, rendezvous hashing of the prompt's prefix for cache affinity).
 Output tokens are charged as they stream (PROGRESS); COMPLETE reconciles the estimate with
 the engine's count, frees the slot and admits the next request. A tenant that becomes
-backlogged has its counter lifted to the smallest backlogged counter, so idle time earns no
-credit. Leases of a crashed process expire and are reaped.
+backlogged after being idle (nothing queued, nothing running) has its counter lifted to the
+smallest backlogged counter, so idle time earns no credit. Leases of a crashed process
+expire and are reaped.
 """
 
 from __future__ import annotations
@@ -54,10 +56,18 @@ local function unload(rep)
   end
 end
 
+local function deactivate(tenant)
+  if tenant and redis.call('HINCRBY', base .. 'active', tenant, -1) <= 0 then
+    redis.call('HDEL', base .. 'active', tenant)
+  end
+end
+
 local function reap()
   local expired = redis.call('ZRANGEBYSCORE', base .. 'inflight', '-inf', now)
   for _, rid in ipairs(expired) do
-    unload(redis.call('HGET', base .. 'req:' .. rid, 'replica'))
+    local r = redis.call('HMGET', base .. 'req:' .. rid, 'replica', 'tenant')
+    unload(r[1])
+    deactivate(r[2])
     redis.call('ZREM', base .. 'inflight', rid)
     redis.call('DEL', base .. 'req:' .. rid)
   end
@@ -146,11 +156,13 @@ local function dispatch(self_rid)
     local rep = pick_replica(r[3])
     if not rep then break end
     redis.call('LPOP', list)
-    local c = redis.call('HINCRBYFLOAT', base .. 'counters', tenant, tonumber(r[2]) / tonumber(r[1]))
+    local cost = tonumber(r[2]) / tonumber(r[1])
+    local c = redis.call('HINCRBYFLOAT', base .. 'counters', tenant, cost)
     if kind == 'vtc' and not leave_backlog_if_empty(tenant) then
       redis.call('ZADD', base .. 'backlog', c, tenant)
     end
     redis.call('HINCRBY', base .. 'rload', rep, 1)
+    redis.call('HINCRBY', base .. 'active', tenant, 1)
     redis.call('HSET', key, 'state', 'granted', 'replica', rep)
     redis.call('ZADD', base .. 'inflight', now + LEASE, rid)
     if rid == self_rid then
@@ -187,13 +199,18 @@ redis.call('PEXPIRE', key, wait + 3600000)
 if policy() == 'fcfs' then
   redis.call('RPUSH', base .. 'fcfs', rid)
 elseif redis.call('RPUSH', base .. 'q:' .. tenant, rid) == 1 then
-  -- Newly backlogged: lift to the smallest backlogged counter (or the last one to leave).
+  -- Newly backlogged. A tenant that was idle (nothing queued, nothing running) is lifted to
+  -- the smallest backlogged counter (or the last one to leave), so idle time earns no
+  -- credit; one whose requests are running keeps its counter: it was not idle.
   local c = tonumber(redis.call('HGET', base .. 'counters', tenant) or '0')
-  local low = redis.call('ZRANGE', base .. 'backlog', 0, 0, 'WITHSCORES')
-  local floor = (#low > 0) and tonumber(low[2]) or tonumber(redis.call('GET', base .. 'last_left') or '0')
-  if floor > c then
-    c = floor
-    redis.call('HSET', base .. 'counters', tenant, tostring(c))
+  if not redis.call('HGET', base .. 'active', tenant) then
+    local low = redis.call('ZRANGE', base .. 'backlog', 0, 0, 'WITHSCORES')
+    local floor = (#low > 0) and tonumber(low[2])
+      or tonumber(redis.call('GET', base .. 'last_left') or '0')
+    if floor > c then
+      c = floor
+      redis.call('HSET', base .. 'counters', tenant, tostring(c))
+    end
   end
   redis.call('ZADD', base .. 'backlog', c, tenant)
 end
@@ -224,6 +241,7 @@ local r = redis.call('HMGET', key, 'tenant', 'weight', 'state', 'replica')
 if r[3] == 'granted' then
   charge(r[1], tonumber(r[2]), tonumber(ARGV[4]))
   unload(r[4])
+  deactivate(r[1])
   redis.call('ZREM', base .. 'inflight', ARGV[3])
   redis.call('DEL', key)
 end
@@ -257,8 +275,10 @@ REROUTE = (
 local rid, failed = ARGV[3], ARGV[4]
 local key = base .. 'req:' .. rid
 redis.call('HDEL', base .. 'replicas', failed)
-if redis.call('HLEN', base .. 'replicas') == 0 then redis.call('HSET', base .. 'replicas', 'none', 0) end
-local r = redis.call('HMGET', key, 'state', 'prefix')
+if redis.call('HLEN', base .. 'replicas') == 0 then
+  redis.call('HSET', base .. 'replicas', 'none', 0)
+end
+local r = redis.call('HMGET', key, 'state', 'prefix', 'tenant')
 if r[1] ~= 'granted' then return '' end
 unload(failed)
 local rep = pick_replica(r[2])
@@ -267,6 +287,7 @@ if rep then
   redis.call('HSET', key, 'replica', rep)
   return rep
 end
+deactivate(r[3])
 redis.call('ZREM', base .. 'inflight', rid)
 redis.call('DEL', key)
 dispatch(nil)
@@ -302,7 +323,7 @@ class Admission:
     listeners: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     renewer: asyncio.Task[None] | None = None
 
-    def _args(self, *args: object) -> list[object]:
+    def _args(self, *args: str | int | float) -> list[str | int | float]:
         return [LEASE_MS, ROUTE_SLACK, *args]
 
     async def admit(
@@ -326,9 +347,14 @@ class Admission:
             result = await script(ENQUEUE)(
                 keys=[base],
                 args=self._args(
-                    rid, tenant, weight, W_IN * prompt_estimate, self.proc, prefix,
+                    rid,
+                    tenant,
+                    weight,
+                    W_IN * prompt_estimate,
+                    self.proc,
+                    prefix,
                     int(wait_seconds * 1000),
-                ),  # fmt: skip
+                ),
             )
             state, replica = result[0].decode(), result[1].decode()
             if state == "nocatalog":
@@ -399,7 +425,9 @@ class Admission:
                 continue
             if item is None:
                 continue
-            rid, _, replica = item[1].decode().partition("|")
+            grant = item[1]
+            text = grant.decode() if isinstance(grant, bytes) else str(grant)
+            rid, _, replica = text.partition("|")
             future = self.waiters.get(rid)
             if rid in self.claimed:
                 self.claimed.discard(rid)

@@ -61,7 +61,9 @@ class KeyInfo:
     @classmethod
     def from_json(cls, raw: bytes) -> KeyInfo:
         v = orjson.loads(raw)
-        return cls(v[0], v[1], v[2], v[3], v[4], v[5], frozenset(v[6]), v[7], tuple(v[8]), tuple(v[9]))
+        return cls(
+            v[0], v[1], v[2], v[3], v[4], v[5], frozenset(v[6]), v[7], tuple(v[8]), tuple(v[9])
+        )
 
 
 def _limits(obj: LimitFields) -> tuple[int, ...]:
@@ -97,7 +99,7 @@ async def _load(prefix: str) -> KeyInfo | None:
     client = redis_async()
     entry_key = KEY_ENTRY.format(prefix=prefix)
     raw = await client.get(entry_key)
-    if raw is not None and raw != TOMBSTONE:
+    if isinstance(raw, bytes) and raw != TOMBSTONE:
         return KeyInfo.from_json(raw)
     info = await sync_to_async(_load_from_db, thread_sensitive=False)(prefix)
     if info is not None and raw is None:  # never over a tombstone: a change just happened

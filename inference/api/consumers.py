@@ -19,11 +19,12 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from redis.exceptions import RedisError
 
 from inference.api import pipeline
 from inference.api.auth import authenticate, bearer_token
 from inference.api.catalog import catalog_view
-from inference.api.errors import ApiError
+from inference.api.errors import ApiError, model_not_found, overloaded
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +103,20 @@ class GatewayHttpConsumer(AsyncHttpConsumer):
             await self.send_error(error)
         except asyncio.CancelledError:
             raise
+        except RedisError:
+            # Limits and admission live in Redis: without it, refuse (never serve unmetered).
+            log.warning("Redis unavailable while serving %s", self.scope["path"])
+            await self.send_error(
+                overloaded(1, "The service is briefly unavailable. Retry in a moment.")
+            )
         except Exception:
             log.exception("unexpected error in %s", self.scope["path"])
             await self.send_error(
-                ApiError(500, "The server had an error while processing your request.",
-                         type="server_error")  # fmt: skip
+                ApiError(
+                    500,
+                    "The server had an error while processing your request.",
+                    type="server_error",
+                )
             )
 
     async def send_error(self, error: ApiError, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
@@ -157,8 +167,14 @@ class CompletionConsumer(GatewayHttpConsumer):
             async for chunk in relay:
                 await self.send_body(b"data: " + dumps(chunk) + b"\n\n", more_body=True)
         except pipeline.MidStreamError as exc:
-            error = {"error": {"message": str(exc), "type": "server_error", "param": None,
-                               "code": "engine_failed"}}  # fmt: skip
+            error = {
+                "error": {
+                    "message": str(exc),
+                    "type": "server_error",
+                    "param": None,
+                    "code": "engine_failed",
+                }
+            }
             await self.send_body(b"data: " + dumps(error) + b"\n\n", more_body=True)
         await self.send_body(b"data: [DONE]\n\n")
 
@@ -211,8 +227,6 @@ class ModelsConsumer(GatewayHttpConsumer):
         elif name in models:
             data = _model_object(name, models[name])
         else:
-            from inference.api.errors import model_not_found
-
             raise model_not_found(name)
         await self.send_response(200, orjson.dumps(data), headers=[JSON])
 
@@ -251,7 +265,9 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
                     await authenticate(self.authorization)
                 except ApiError as error:
                     await self.accept()
-                    await self.send_json({"type": "error", "id": None, "error": error.body()["error"]})
+                    await self.send_json(
+                        {"type": "error", "id": None, "error": error.body()["error"]}
+                    )
                     await self.close(code=4401)
                     return
         await self.accept()
@@ -273,10 +289,17 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
                 raise ValueError
         except ValueError:
             await self.send_json(
-                {"type": "error", "id": None,
-                 "error": {"message": "Messages must be JSON objects.",
-                           "type": "invalid_request_error", "param": None, "code": None}}
-            )  # fmt: skip
+                {
+                    "type": "error",
+                    "id": None,
+                    "error": {
+                        "message": "Messages must be JSON objects.",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
+                    },
+                }
+            )
             return
         kind, rid = message.get("type"), message.get("id")
         if kind == "auth":
@@ -293,24 +316,35 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
             self.running[rid] = asyncio.create_task(self.run(rid, message))
         else:
             await self.send_json(
-                {"type": "error", "id": rid,
-                 "error": {"message": "Expected a message of type auth, request (with a new "
-                                      "string id) or cancel.",
-                           "type": "invalid_request_error", "param": "type", "code": None}}
-            )  # fmt: skip
+                {
+                    "type": "error",
+                    "id": rid,
+                    "error": {
+                        "message": "Expected a message of type auth, request (with a new "
+                        "string id) or cancel.",
+                        "type": "invalid_request_error",
+                        "param": "type",
+                        "code": None,
+                    },
+                }
+            )
 
     async def run(self, rid: str, message: dict[str, Any]) -> None:
         started = time.perf_counter()
         try:
             endpoint = message.get("endpoint", "chat.completions")
             if endpoint not in ("chat.completions", "completions"):
-                raise ApiError(400, "endpoint must be chat.completions or completions",
-                               param="endpoint")  # fmt: skip
+                raise ApiError(
+                    400, "endpoint must be chat.completions or completions", param="endpoint"
+                )
             if not self.authorization:
                 raise ApiError(401, "Authenticate first.", code="invalid_api_key")
             await self.run_call(rid, endpoint, message.get("body"), started)
         except ApiError as error:
             await self.send_json({"type": "error", "id": rid, "error": error.body()["error"]})
+        except RedisError:
+            busy = overloaded(1, "The service is briefly unavailable. Retry in a moment.")
+            await self.send_json({"type": "error", "id": rid, "error": busy.body()["error"]})
         finally:
             self.running.pop(rid, None)
 
@@ -328,9 +362,15 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
             except pipeline.MidStreamError as exc:
                 raise ApiError(502, str(exc), type="server_error", code="engine_failed") from exc
             await self.send_json(
-                {"type": "done", "id": rid, "usage": call.usage(), "request_id": call.rid,
-                 "ttft_ms": call.ttft_ms, "duration_ms": int((time.perf_counter() - started) * 1000)}
-            )  # fmt: skip
+                {
+                    "type": "done",
+                    "id": rid,
+                    "usage": call.usage(),
+                    "request_id": call.rid,
+                    "ttft_ms": call.ttft_ms,
+                    "duration_ms": int((time.perf_counter() - started) * 1000),
+                }
+            )
         except asyncio.CancelledError:
             cancelled = True
             raise

@@ -13,7 +13,7 @@ class ApiError(Exception):
         status: int,
         message: str,
         *,
-        type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+        type: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
         headers: dict[str, str] | None = None,

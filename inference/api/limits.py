@@ -234,8 +234,17 @@ async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
     limits = [tl[0], tl[1], tl[2], tl[4], kl[0], kl[1], kl[2], kl[4]]
     for _ in range(3):
         result = await script(ACQUIRE)(
-            keys=[t["rpm"], t["tpm"], t["conc"], t["month"], k["rpm"], k["tpm"], k["conc"],
-                  k["month"], LAST_USED],  # fmt: skip
+            keys=[
+                t["rpm"],
+                t["tpm"],
+                t["conc"],
+                t["month"],
+                k["rpm"],
+                k["tpm"],
+                k["conc"],
+                k["month"],
+                LAST_USED,
+            ],
             args=[rid, estimate, LEASE_MS, key.prefix, *limits],
         )
         status, reason = int(result[0]), result[1].decode()

@@ -235,7 +235,8 @@ class Relay:
         call.replica = replica
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        assert self.events is not None and self.first is not None
+        if self.events is None or self.first is None:
+            raise RuntimeError("Relay.start() must succeed before iterating")
         call = self.call
         include_usage = call.parsed.include_usage
         chunks = 0
@@ -285,7 +286,9 @@ class Relay:
             details = usage.get("prompt_tokens_details") or {}
             call.cached_tokens = details.get("cached_tokens") or 0
 
-    async def drain(self, *, idle: float = DRAIN_IDLE_SECONDS, cap: float = DRAIN_CAP_SECONDS) -> None:
+    async def drain(
+        self, *, idle: float = DRAIN_IDLE_SECONDS, cap: float = DRAIN_CAP_SECONDS
+    ) -> None:
         """After the client left: take in what the engine already produced, then stop.
 
         The engine can run ahead of its own HTTP stream (outputs wait in its queue, merged),
@@ -378,9 +381,13 @@ def aggregate(call: Call, chunks: list[dict[str, Any]]) -> dict[str, Any]:
             if chat:
                 choice = choices.setdefault(
                     index,
-                    {"index": index, "message": {"role": "assistant", "content": None},
-                     "logprobs": None, "finish_reason": None},
-                )  # fmt: skip
+                    {
+                        "index": index,
+                        "message": {"role": "assistant", "content": None},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    },
+                )
                 _merge_delta(choice, c)
             else:
                 choice = choices.setdefault(
@@ -389,8 +396,11 @@ def aggregate(call: Call, chunks: list[dict[str, Any]]) -> dict[str, Any]:
                 choice["text"] += c.get("text") or ""
                 if c.get("logprobs"):
                     logprobs = choice["logprobs"] or {
-                        "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []
-                    }  # fmt: skip
+                        "tokens": [],
+                        "token_logprobs": [],
+                        "top_logprobs": [],
+                        "text_offset": [],
+                    }
                     for name in logprobs:
                         logprobs[name].extend(c["logprobs"].get(name) or [])
                     choice["logprobs"] = logprobs
@@ -425,7 +435,9 @@ def _merge_delta(choice: dict[str, Any], c: dict[str, Any]) -> None:
         calls = message.setdefault("tool_calls", [])
         index = call.get("index", len(calls))
         while len(calls) <= index:
-            calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+            calls.append(
+                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
         target = calls[index]
         if call.get("id"):
             target["id"] = call["id"]

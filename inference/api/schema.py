@@ -176,7 +176,9 @@ def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
             ) from None
         if error["type"] == "missing":
             raise invalid_request(f"Missing required parameter: '{param}'.", param=param) from None
-        raise invalid_request(f"Invalid value for '{param}': {error['msg']}.", param=param) from None
+        raise invalid_request(
+            f"Invalid value for '{param}': {error['msg']}.", param=param
+        ) from None
 
     stream = bool(body.get("stream"))
     options = body.get("stream_options") or {}

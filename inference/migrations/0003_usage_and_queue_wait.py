@@ -5,15 +5,21 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inference', '0002_initial'),
+        ("inference", "0002_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='pool',
-            name='max_queue_wait_seconds',
-            field=models.PositiveIntegerField(default=30, help_text='How long a request may wait for admission before it gets 503.', validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(3600)]),
+            model_name="pool",
+            name="max_queue_wait_seconds",
+            field=models.PositiveIntegerField(
+                default=30,
+                help_text="How long a request may wait for admission before it gets 503.",
+                validators=[
+                    django.core.validators.MinValueValidator(1),
+                    django.core.validators.MaxValueValidator(3600),
+                ],
+            ),
         ),
     ]

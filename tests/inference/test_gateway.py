@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import httpx
 import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
+from billing.models import UsageRecord
 from inference.catalog import catalog_publish
 from inference.models import Model, Pool
 from tenants.models import ApiKey
@@ -20,11 +23,11 @@ from tests.serving import World
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
-CHAT = [{"role": "user", "content": "Hello, how are you?"}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello, how are you?"}]
 CUT_OFF_SLACK = 2  # tokens a cut-off stream may be generated but not seen (in flight at abort)
 
 
-def _record(world: World, request_id: str):  # type: ignore[no-untyped-def]
+def _record(world: World, request_id: str) -> UsageRecord:
     return wait_for(lambda: world.records(request_id=request_id), timeout=30)[0]
 
 
@@ -32,7 +35,7 @@ def _record(world: World, request_id: str):  # type: ignore[no-untyped-def]
 
 
 def test_models_lists_what_the_tenant_may_use(world: World) -> None:
-    tenant, key = world.tenant()
+    _, key = world.tenant()
     other, _ = world.tenant()
     private = Model.objects.create(
         name="private-chat", served_name="tiny-chat", context_length=1024, is_public=False
@@ -54,7 +57,11 @@ def test_models_lists_what_the_tenant_may_use(world: World) -> None:
 def test_chat_unstreamed_with_usage(world: World) -> None:
     _, key = world.tenant()
     response = world.stack.openai(key).chat.completions.with_raw_response.create(
-        model="tiny-chat", messages=CHAT, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+        model="tiny-chat",
+        messages=CHAT,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
     )
     completion = response.parse()
     assert completion.object == "chat.completion"
@@ -113,9 +120,13 @@ def test_completions_streamed_and_not(world: World) -> None:
     assert whole.usage.completion_tokens == 10 or whole.choices[0].finish_reason == "stop"
     streamed = list(
         client.completions.create(
-            model="tiny-chat", prompt="The quick brown fox", max_tokens=10, temperature=0,
-            stream=True, stream_options={"include_usage": True},
-        )  # fmt: skip
+            model="tiny-chat",
+            prompt="The quick brown fox",
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
     )
     assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text
     assert streamed[-1].usage is not None
@@ -138,9 +149,13 @@ def test_async_sdk_concurrent_streams(world: World) -> None:
 
     async def one(client: openai.AsyncOpenAI) -> int:
         stream = await client.chat.completions.create(
-            model="tiny-chat", messages=CHAT, max_tokens=16, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-        )  # fmt: skip
+            model="tiny-chat",
+            messages=CHAT,
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         usage = 0
         async for chunk in stream:
             if chunk.usage:
@@ -157,7 +172,9 @@ def test_async_sdk_concurrent_streams(world: World) -> None:
 # --- Errors in OpenAI's shape ----------------------------------------------------------------
 
 
-def _raw(world: World, method: str, path: str, key: str | None = None, **kwargs) -> httpx.Response:  # type: ignore[no-untyped-def]
+def _raw(
+    world: World, method: str, path: str, key: str | None = None, **kwargs: Any
+) -> httpx.Response:
     headers = kwargs.pop("headers", {})
     if key:
         headers["authorization"] = f"Bearer {key}"
@@ -167,7 +184,7 @@ def _raw(world: World, method: str, path: str, key: str | None = None, **kwargs)
 def _error(response: httpx.Response) -> dict[str, object]:
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    return error  # type: ignore[no-any-return]
+    return error
 
 
 def test_missing_and_wrong_keys_get_401(world: World) -> None:
@@ -214,20 +231,31 @@ def test_suspended_tenant_is_refused(world: World) -> None:
     [
         ({"model": "tiny-chat"}, "messages", "Missing required parameter"),
         ({"model": "tiny-chat", "messages": []}, "messages", "at least 1"),
-        ({"model": "tiny-chat", "messages": [{"role": "robot", "content": "x"}]},
-         "messages[0].role", "Invalid value"),
+        (
+            {"model": "tiny-chat", "messages": [{"role": "robot", "content": "x"}]},
+            "messages[0].role",
+            "Invalid value",
+        ),
         ({"model": "tiny-chat", "messages": CHAT, "temperature": 3}, "temperature", "less than"),
         ({"model": "tiny-chat", "messages": CHAT, "max_tokens": 0}, "max_tokens", "greater"),
         ({"model": "tiny-chat", "messages": CHAT, "max_tokens": "ten"}, "max_tokens", "integer"),
-        ({"model": "tiny-chat", "messages": CHAT, "chat_template": "{{ 7*7 }}"}, "chat_template",
-         "Unrecognized request argument"),
+        (
+            {"model": "tiny-chat", "messages": CHAT, "chat_template": "{{ 7*7 }}"},
+            "chat_template",
+            "Unrecognized request argument",
+        ),
         ({"model": "tiny-chat", "messages": CHAT, "priority": -100}, "priority", "Unrecognized"),
-        ({"model": "tiny-chat", "messages": CHAT, "stream_options": {"include_usage": True}},
-         "stream_options", "only allowed when 'stream'"),
+        (
+            {"model": "tiny-chat", "messages": CHAT, "stream_options": {"include_usage": True}},
+            "stream_options",
+            "only allowed when 'stream'",
+        ),
         ({"model": "tiny-chat", "messages": CHAT, "max_tokens": 4096}, "max_tokens", "too large"),
     ],
-)  # fmt: skip
-def test_invalid_requests_get_400(world: World, body: dict, param: str, fragment: str) -> None:  # type: ignore[type-arg]
+)
+def test_invalid_requests_get_400(
+    world: World, body: dict[str, Any], param: str, fragment: str
+) -> None:
     _, key = world.tenant()
     response = _raw(world, "POST", "/v1/chat/completions", key, json=body)
     assert response.status_code == 400, response.text
@@ -351,9 +379,12 @@ def test_concurrency_limit_refuses_at_once(world: World) -> None:
     _, key = world.tenant(max_concurrency=1)
     client = world.stack.openai(key)
     stream = client.chat.completions.create(
-        model="tiny-chat", messages=CHAT, max_tokens=400, stream=True,
+        model="tiny-chat",
+        messages=CHAT,
+        max_tokens=400,
+        stream=True,
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     next(iter(stream))
     started = time.monotonic()
     with pytest.raises(openai.RateLimitError) as err:
@@ -392,13 +423,16 @@ def test_monthly_token_budget_trips_with_insufficient_quota(world: World) -> Non
 
 
 def test_client_disconnect_aborts_upstream_and_meters(world: World) -> None:
-    tenant, key = world.tenant(max_concurrency=1)
+    _, key = world.tenant(max_concurrency=1)
     engine = world.engines[0]
     client = world.stack.openai(key)
     stream = client.chat.completions.with_raw_response.create(
-        model="tiny-chat", messages=CHAT, max_tokens=800, stream=True,
+        model="tiny-chat",
+        messages=CHAT,
+        max_tokens=800,
+        stream=True,
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     request_id = stream.headers["x-request-id"]
     chunks = stream.parse()
     for i, _ in enumerate(chunks):
@@ -426,9 +460,12 @@ def test_ledger_equals_engine_counters(world: World) -> None:
         client.completions.create(model="tiny-chat", prompt="Fair queuing", max_tokens=7)
     for cut in (3, 9):
         stream = client.chat.completions.create(
-            model="tiny-chat", messages=CHAT, max_tokens=500, stream=True,
+            model="tiny-chat",
+            messages=CHAT,
+            max_tokens=500,
+            stream=True,
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         for i, _ in enumerate(stream):
             if i == cut:
                 break

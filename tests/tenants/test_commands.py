@@ -13,9 +13,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_create_tenant_with_limits() -> None:
     result = run_manage(
-        "create_tenant", "initech", "--name", "Initech", "--weight", "2", "--rpm", "60",
-        "--tpm", "9000", "--max-concurrency", "4",
-    )  # fmt: skip
+        "create_tenant",
+        "initech",
+        "--name",
+        "Initech",
+        "--weight",
+        "2",
+        "--rpm",
+        "60",
+        "--tpm",
+        "9000",
+        "--max-concurrency",
+        "4",
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "initech"
     tenant = Tenant.objects.get(slug="initech")

@@ -1,3 +1,4 @@
+import contextlib
 import csv
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -11,9 +12,19 @@ from tenants.models import Tenant
 from tenants.selectors import tenant_get_by_slug
 
 HEADER = [
-    "request_id", "tenant", "api_key", "model", "mode", "status", "prompt_tokens",
-    "completion_tokens", "cached_tokens", "cost_usd", "started_at", "finished_at",
-]  # fmt: skip
+    "request_id",
+    "tenant",
+    "api_key",
+    "model",
+    "mode",
+    "status",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cost_usd",
+    "started_at",
+    "finished_at",
+]
 
 
 def _day(value: str, option: str) -> date:
@@ -39,10 +50,8 @@ class Command(BaseCommand):
             tenant = tenant_get_by_slug(slug=options["tenant"])
         except Tenant.DoesNotExist:
             raise CommandError(f"no tenant with slug {options['tenant']!r}") from None
-        try:
+        with contextlib.suppress(BrokenPipeError):  # `| head` closed the pipe: not an error
             self.write_csv(tenant, start, end)
-        except BrokenPipeError:  # `| head` closed the pipe: not an error
-            pass
 
     def write_csv(self, tenant: Tenant, start: date, end: date) -> None:
         writer = csv.writer(self.stdout, lineterminator="\n")

@@ -1,0 +1,157 @@
+"""The usage ledger: idempotent writes, the spool, the CSV export."""
+
+from __future__ import annotations
+
+import csv
+import io
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+
+from billing.models import UsageRecord
+from billing.services import USAGE_SPOOL, usage_records_insert, usage_spool_flush
+from controlplane.redis import redis_sync
+from tenants.models import Tenant
+from tenants.services import api_key_create
+from tests.conftest import run_manage
+from tests.factories import TenantFactory
+
+
+def _record(tenant: Tenant, **overrides: Any) -> dict[str, Any]:
+    key = api_key_create(tenant=tenant, name="k", created_by=None).api_key
+    now = datetime.now(UTC)
+    return {
+        "request_id": uuid.uuid4().hex,
+        "tenant_id": tenant.pk,
+        "api_key_id": key.pk,
+        "model": "tiny-chat",
+        "adapter": "",
+        "endpoint": "chat.completions",
+        "mode": "online",
+        "status": "ok",
+        "prompt_tokens": 11,
+        "completion_tokens": 7,
+        "cached_tokens": 0,
+        "pool": "online",
+        "replica": "http://x",
+        "ttft_ms": 12,
+        "duration_ms": 40,
+        "error": "",
+        "started_at": now.isoformat(),
+        "finished_at": (now + timedelta(milliseconds=40)).isoformat(),
+        **overrides,
+    }
+
+
+@pytest.mark.django_db
+def test_insert_is_idempotent_on_request_id() -> None:
+    tenant = TenantFactory.create()
+    record = _record(tenant)
+    usage_records_insert([record])
+    usage_records_insert([record, record])
+    assert UsageRecord.objects.filter(request_id=record["request_id"]).count() == 1
+
+
+@pytest.mark.django_db
+def test_one_bad_record_does_not_hold_back_the_batch() -> None:
+    tenant = TenantFactory.create()
+    good, bad = _record(tenant), _record(tenant, tenant_id=10**9)
+    usage_records_insert([good, bad])
+    assert list(UsageRecord.objects.values_list("request_id", flat=True)) == [good["request_id"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_spool_flush_moves_everything_once() -> None:
+    tenant = TenantFactory.create()
+    records = [_record(tenant) for _ in range(5)]
+    client = redis_sync()
+    client.rpush(USAGE_SPOOL, *(orjson.dumps(r) for r in records))
+    client.rpush(USAGE_SPOOL, orjson.dumps(records[0]))  # a replay after a crash
+    assert usage_spool_flush() == 6
+    assert client.llen(USAGE_SPOOL) == 0
+    assert UsageRecord.objects.count() == 5
+    assert usage_spool_flush() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_spool_survives_a_failed_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the database refuses the batch, nothing is trimmed from the spool."""
+    from django.db import OperationalError
+
+    tenant = TenantFactory.create()
+    client = redis_sync()
+    client.rpush(USAGE_SPOOL, orjson.dumps(_record(tenant)))
+
+    def down(records: object) -> int:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr("billing.services.usage_records_insert", down)
+    with pytest.raises(OperationalError):
+        usage_spool_flush()
+    assert client.llen(USAGE_SPOOL) == 1
+    assert not client.exists("ip:usage:flush-lock")
+    monkeypatch.undo()
+    assert usage_spool_flush() == 1
+    assert UsageRecord.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_export_usage_csv() -> None:
+    tenant = TenantFactory.create(slug="acme")
+    other = TenantFactory.create(slug="globex")
+    inside = _record(tenant, started_at="2026-11-30T23:59:59+00:00")
+    usage_records_insert(
+        [
+            inside,
+            _record(tenant, started_at="2026-12-01T00:00:00+00:00"),  # after --end
+            _record(tenant, started_at="2026-10-31T23:59:59+00:00"),  # before --start
+            _record(other, started_at="2026-11-15T00:00:00+00:00"),  # another tenant
+        ]
+    )
+    out = io.StringIO()
+    call_command(
+        "export_usage",
+        "--tenant",
+        "acme",
+        "--start",
+        "2026-11-01",
+        "--end",
+        "2026-11-30",
+        stdout=out,
+    )
+    rows = list(csv.reader(io.StringIO(out.getvalue())))
+    assert ",".join(rows[0]) == (
+        "request_id,tenant,api_key,model,mode,status,prompt_tokens,completion_tokens,"
+        "cached_tokens,cost_usd,started_at,finished_at"
+    )
+    assert len(rows) == 2
+    row = dict(zip(rows[0], rows[1], strict=True))
+    assert row["request_id"] == inside["request_id"] and row["tenant"] == "acme"
+    assert row["api_key"].startswith("sk-ip-") and row["cost_usd"] == ""
+    assert (row["prompt_tokens"], row["completion_tokens"]) == ("11", "7")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tenant", "nope", "--start", "2026-11-01", "--end", "2026-11-02"], "no tenant"),
+        (["--tenant", "acme", "--start", "yesterday", "--end", "2026-11-02"], "--start must be"),
+        (["--tenant", "acme", "--start", "2026-11-03", "--end", "2026-11-02"], "before --start"),
+    ],
+)
+def test_export_usage_bad_input(args: list[str], message: str) -> None:
+    TenantFactory.create(slug="acme")
+    result = run_manage("export_usage", *args)
+    assert result.returncode != 0
+    assert result.stderr.strip().startswith("CommandError:") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_settings_use_the_tests_own_redis() -> None:
+    assert settings.REDIS_URL.endswith("/15")

@@ -1,0 +1,278 @@
+"""Token-weighted fair admission (VTC) on real Redis: the scripts and this process's side,
+driven by simulated tenants (no engine: service is instant, so only admission decides)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+
+import pytest
+
+from inference.api import admission as admission_module
+from inference.api.admission import W_OUT, Admission, CatalogMissing
+from inference.api.errors import ApiError
+from inference.api.redis import redis_async
+from inference.catalog import pool_prefix
+
+POOL = "sim"
+BASE = pool_prefix(POOL)
+PROMPT, OUTPUT = 10, 20
+COST = PROMPT + 2 * OUTPUT  # weighted service of one request
+
+
+async def _pool(replicas: dict[str, int], policy: str = "vtc") -> None:
+    client = redis_async()
+    await client.delete(BASE + "replicas")
+    for replica, capacity in replicas.items():
+        await client.hset(BASE + "replicas", replica, capacity)
+    await client.set(BASE + "policy", policy)
+
+
+async def _simulate(
+    adm: Admission,
+    outstanding: dict[int, int],
+    weights: dict[int, int],
+    completions: int,
+    service: Counter[int] | None = None,
+) -> Counter[int]:
+    """Closed-loop clients: each keeps one request outstanding, resubmitting at once."""
+    served: Counter[int] = service if service is not None else Counter()
+    done = 0
+
+    async def client(tenant: int) -> None:
+        nonlocal done
+        while done < completions:
+            rid = uuid.uuid4().hex
+            await adm.admit(
+                pool=POOL,
+                rid=rid,
+                tenant=tenant,
+                weight=weights[tenant],
+                prompt_estimate=PROMPT,
+                prefix="",
+                wait_seconds=30,
+                limit_keys=(),
+            )
+            await asyncio.sleep(0)
+            await adm.complete(pool=POOL, rid=rid, adjustment=W_OUT * OUTPUT)
+            if done < completions:
+                served[tenant] += COST
+                done += 1
+
+    await asyncio.gather(*(client(t) for t, n in outstanding.items() for _ in range(n)))
+    return served
+
+
+def _share(served: Counter[int], tenant: int) -> float:
+    return served[tenant] / sum(served.values())
+
+
+async def test_vtc_shares_equally_between_unequal_demands() -> None:
+    await _pool({"r1": 4})
+    served = await _simulate(Admission(), {1: 24, 2: 4}, {1: 1, 2: 1}, completions=400)
+    assert _share(served, 2) == pytest.approx(0.5, abs=0.05)
+
+
+async def test_vtc_honours_weights() -> None:
+    await _pool({"r1": 4})
+    served = await _simulate(Admission(), {1: 24, 2: 4}, {1: 1, 2: 2}, completions=450)
+    assert _share(served, 2) == pytest.approx(2 / 3, abs=0.05)
+
+
+async def test_fcfs_favours_whoever_sends_more() -> None:
+    await _pool({"r1": 4}, policy="fcfs")
+    served = await _simulate(Admission(), {1: 24, 2: 4}, {1: 1, 2: 1}, completions=400)
+    assert _share(served, 2) < 0.25  # about 4/28: the flood wins
+
+
+async def test_idle_tenant_earns_no_credit() -> None:
+    """A tenant arriving after others were served starts level with them, not far behind
+    (it would otherwise take every slot until its counter caught up)."""
+    await _pool({"r1": 2})
+    adm = Admission()
+    weights = {1: 1, 2: 1, 3: 1}
+    await _simulate(adm, {1: 6, 2: 6}, weights, completions=300)
+    served = await _simulate(adm, {1: 6, 2: 6, 3: 6}, weights, completions=150)
+    assert _share(served, 3) == pytest.approx(1 / 3, abs=0.08)
+
+
+async def test_queue_wait_is_bounded_and_leaves_no_trace() -> None:
+    await _pool({"r1": 1})
+    adm = Admission()
+    held = await adm.admit(
+        pool=POOL,
+        rid="holder",
+        tenant=1,
+        weight=1,
+        prompt_estimate=5,
+        prefix="",
+        wait_seconds=5,
+        limit_keys=(),
+    )
+    assert held == "r1"
+    with pytest.raises(ApiError) as err:
+        await adm.admit(
+            pool=POOL,
+            rid="waiter",
+            tenant=2,
+            weight=1,
+            prompt_estimate=5,
+            prefix="",
+            wait_seconds=0.3,
+            limit_keys=(),
+        )
+    assert err.value.status == 503 and "retry-after" in err.value.headers
+    client = redis_async()
+    assert await client.llen(BASE + "q:2") == 0
+    assert await client.zcard(BASE + "backlog") == 0
+    assert not await client.exists(BASE + "req:waiter")
+
+
+async def test_a_client_that_leaves_the_queue_frees_its_place() -> None:
+    await _pool({"r1": 1})
+    adm = Admission()
+    await adm.admit(
+        pool=POOL,
+        rid="a",
+        tenant=1,
+        weight=1,
+        prompt_estimate=5,
+        prefix="",
+        wait_seconds=5,
+        limit_keys=(),
+    )
+    waiting = asyncio.create_task(
+        adm.admit(
+            pool=POOL,
+            rid="b",
+            tenant=2,
+            weight=1,
+            prompt_estimate=5,
+            prefix="",
+            wait_seconds=5,
+            limit_keys=(),
+        )
+    )
+    await asyncio.sleep(0.1)
+    assert await redis_async().llen(BASE + "q:2") == 1
+    waiting.cancel()  # the client disconnected while queued
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert await redis_async().llen(BASE + "q:2") == 0
+    await adm.complete(pool=POOL, rid="a", adjustment=0)
+    # The slot goes to the next real request, not to the one that left.
+    got = await adm.admit(
+        pool=POOL,
+        rid="c",
+        tenant=3,
+        weight=1,
+        prompt_estimate=5,
+        prefix="",
+        wait_seconds=1,
+        limit_keys=(),
+    )
+    assert got == "r1"
+
+
+async def test_leases_of_a_crashed_process_are_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission_module, "LEASE_MS", 200)
+    await _pool({"r1": 1})
+    crashed = Admission()
+    await crashed.admit(
+        pool=POOL,
+        rid="lost",
+        tenant=1,
+        weight=1,
+        prompt_estimate=5,
+        prefix="",
+        wait_seconds=1,
+        limit_keys=(),
+    )
+    crashed.held.clear()  # the process died: nobody renews or completes
+    await asyncio.sleep(0.3)
+    survivor = Admission()
+    got = await survivor.admit(
+        pool=POOL,
+        rid="next",
+        tenant=2,
+        weight=1,
+        prompt_estimate=5,
+        prefix="",
+        wait_seconds=1,
+        limit_keys=(),
+    )
+    assert got == "r1"
+    assert int(await redis_async().hget(BASE + "rload", "r1") or 0) == 1
+
+
+async def test_least_loaded_routing_with_prefix_affinity() -> None:
+    await _pool({"r1": 8, "r2": 8})
+    adm = Admission()
+    same = [
+        await adm.admit(
+            pool=POOL,
+            rid=f"s{i}",
+            tenant=1,
+            weight=1,
+            prompt_estimate=5,
+            prefix="system-prompt-hash",
+            wait_seconds=1,
+            limit_keys=(),
+        )
+        for i in range(2)
+    ]
+    assert same[0] == same[1]  # near-least-loaded (slack 1): the prefix picks the replica
+    loads = Counter(
+        [
+            await adm.admit(
+                pool=POOL,
+                rid=f"u{i}",
+                tenant=1,
+                weight=1,
+                prompt_estimate=5,
+                prefix="",
+                wait_seconds=1,
+                limit_keys=(),
+            )
+            for i in range(10)
+        ]
+    )
+    total = Counter(same) + loads
+    assert total["r1"] == total["r2"] == 6  # without a prefix: least in-flight
+
+
+async def test_reroute_takes_a_failed_replica_out_and_moves_the_request() -> None:
+    await _pool({"r1": 1, "r2": 1})
+    adm = Admission()
+    first = await adm.admit(
+        pool=POOL,
+        rid="x",
+        tenant=1,
+        weight=1,
+        prompt_estimate=5,
+        prefix="",
+        wait_seconds=1,
+        limit_keys=(),
+    )
+    other = "r2" if first == "r1" else "r1"
+    assert await adm.reroute(pool=POOL, rid="x", failed=first) == other
+    assert await redis_async().hkeys(BASE + "replicas") == [other.encode()]
+    # With no replica left, the request gives its slot back.
+    assert await adm.reroute(pool=POOL, rid="x", failed=other) == ""
+    assert await redis_async().zcard(BASE + "inflight") == 0
+
+
+async def test_a_flushed_redis_is_reported_for_republishing() -> None:
+    await redis_async().delete(BASE + "replicas")
+    with pytest.raises(CatalogMissing):
+        await Admission().admit(
+            pool=POOL,
+            rid="y",
+            tenant=1,
+            weight=1,
+            prompt_estimate=5,
+            prefix="",
+            wait_seconds=1,
+            limit_keys=(),
+        )
