@@ -165,6 +165,22 @@ def engine_counters(engine: Engine) -> dict[str, float]:
     return values
 
 
+def settled_counters(engine: Engine) -> dict[str, float]:
+    """The engine's counters once it is idle and they stop moving (its metrics endpoint is
+    served by the same starved process as its streams, so a read can lag a little)."""
+    previous: dict[str, float] = {}
+
+    def stable() -> dict[str, float] | None:
+        nonlocal previous
+        current = engine_counters(engine)
+        settled = current == previous and current["vllm:num_requests_running"] == 0
+        previous = current
+        return current if settled else None
+
+    result: dict[str, float] = wait_for(stable, timeout=30, every=0.5)
+    return result
+
+
 @pytest.fixture(scope="session")
 def serving_db_url(django_db_setup: None) -> str:
     from tests.conftest import test_database_url

@@ -166,6 +166,9 @@ class CompletionConsumer(GatewayHttpConsumer):
         try:
             async for chunk in relay:
                 await self.send_body(b"data: " + dumps(chunk) + b"\n\n", more_body=True)
+                # Neither call above need suspend (the engine's data may be buffered already,
+                # and the socket accepts the write): yield, so a client that left is noticed.
+                await asyncio.sleep(0)
         except pipeline.MidStreamError as exc:
             error = {
                 "error": {
@@ -242,6 +245,10 @@ class NotFoundConsumer(GatewayHttpConsumer):
         )
 
 
+class ClientGone(Exception):
+    """The WebSocket closed while a request was answering on it."""
+
+
 class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
     """``/v1/ws``: the same requests and chunks over one socket (protocol in the README).
 
@@ -257,6 +264,7 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         self.authorization = ""
+        self.closed = False
         self.running: dict[str, asyncio.Task[None]] = {}
         for key, value in self.scope["headers"]:
             if key == b"authorization":
@@ -273,6 +281,7 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
+        self.closed = True
         for task in self.running.values():
             task.cancel()
         for task in list(self.running.values()):
@@ -280,7 +289,12 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
                 await task
 
     async def send_json(self, data: dict[str, Any]) -> None:
-        await self.send(text_data=orjson.dumps(data).decode())
+        if self.closed:
+            raise ClientGone()
+        try:
+            await self.send(text_data=orjson.dumps(data).decode())
+        except (RuntimeError, OSError) as exc:  # the socket closed under us
+            raise ClientGone() from exc
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
@@ -345,6 +359,8 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
         except RedisError:
             busy = overloaded(1, "The service is briefly unavailable. Retry in a moment.")
             await self.send_json({"type": "error", "id": rid, "error": busy.body()["error"]})
+        except ClientGone:
+            pass
         finally:
             self.running.pop(rid, None)
 
@@ -359,6 +375,7 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
             try:
                 async for chunk in relay:
                     await self.send_json({"type": "chunk", "id": rid, "data": chunk})
+                    await asyncio.sleep(0)  # let a cancel or a closed socket be noticed
             except pipeline.MidStreamError as exc:
                 raise ApiError(502, str(exc), type="server_error", code="engine_failed") from exc
             await self.send_json(
@@ -371,8 +388,8 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
                     "duration_ms": int((time.perf_counter() - started) * 1000),
                 }
             )
-        except asyncio.CancelledError:
-            cancelled = True
+        except (asyncio.CancelledError, ClientGone):
+            cancelled = True  # cancelled by the client, or the socket is gone
             raise
         finally:
             await asyncio.shield(CompletionConsumer.settle(call, relay, cancelled))

@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens assumed when max_tokens is not given
 PROGRESS_EVERY = 16  # chunks between two charges of output tokens
 MAX_ATTEMPTS = 3
-DRAIN_IDLE_SECONDS = 0.02
-DRAIN_CAP_SECONDS = 0.5
+DRAIN_IDLE_SECONDS = 0.05
+DRAIN_CAP_SECONDS = 0.25
 # Fields vLLM adds to OpenAI's chunk shape.
 _EXTRA_TOP = ("prompt_token_ids", "prompt_text", "kv_transfer_params")
 _EXTRA_CHOICE = ("token_ids",)
@@ -199,6 +199,7 @@ class Relay:
             except httpx.TransportError as exc:
                 await self._failover(f"{type(exc).__name__}: {exc}")
                 continue
+            self.response = response  # from here on, close() aborts it whatever happens
             if response.status_code != 200:
                 body = await response.aread()
                 await response.aclose()
@@ -207,14 +208,15 @@ class Relay:
                     continue
                 call.status, call.error = "error", f"engine refused: HTTP {response.status_code}"
                 raise engine_error(response.status_code, body)
-            events = sse_data(response)
+            self.events = events = sse_data(response)
             try:
                 first = await anext(events)
             except (httpx.TransportError, StopAsyncIteration) as exc:
                 await response.aclose()
+                self.response = self.events = None
                 await self._failover(f"no answer: {type(exc).__name__}")
                 continue
-            self.response, self.events, self.first = response, events, first
+            self.first = first
             call.ttft_ms = int((time.perf_counter() - call.t0) * 1000)
             return
         call.status, call.error = "error", "no replica answered"
@@ -296,7 +298,7 @@ class Relay:
         without a pause (up to ``cap``) puts them in the ledger; the first pause of ``idle``
         means we are level with generation, and closing then aborts it at once.
         """
-        if self.events is None or self.call.done:
+        if self.events is None or self.first is None or self.call.done:
             return
         deadline = time.perf_counter() + cap
         try:

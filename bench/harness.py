@@ -1,0 +1,192 @@
+"""Shared set-up for the benchmarks: a bench database, a real vLLM CPU engine, a live
+gateway (uvicorn + Celery), tenants and keys. Run from the repository root with the
+project's virtualenv: ``.venv/bin/python -m bench.<name>`` (``make bench`` runs them all).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS = ROOT / "var" / "bench-logs"
+DB_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/inferplane_bench")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _spawn(
+    name: str, args: list[str], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with (LOGS / f"{name}.log").open("wb") as log:
+        return subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _wait_http(url: str, timeout: float, process: subprocess.Popen[bytes], name: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"{name} exited; see {LOGS / (name + '.log')}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    sys.exit(f"{name} not ready after {timeout:.0f}s; see {LOGS / (name + '.log')}")
+
+
+@dataclass
+class Bench:
+    engine_url: str = ""
+    gateway_url: str = ""
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start_engine(self, *extra: str) -> str:
+        port = free_port()
+        name = f"engine-{port}"
+        self.processes[name] = _spawn(
+            name, [str(ROOT / "scripts" / "engine.sh"), str(port), *extra]
+        )
+        self.engine_url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{self.engine_url}/health", 300, self.processes[name], name)
+        return self.engine_url
+
+    def start_gateway(self, *, workers: int = 1) -> str:
+        port = free_port()
+        env = {"DATABASE_URL": DB_URL, "REDIS_URL": REDIS_URL}
+        self.stop_gateway()
+        self.processes["web"] = _spawn(
+            "web",
+            [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--port",
+             str(port), "--workers", str(workers), "--no-access-log", "--lifespan", "off"],
+            env,
+        )  # fmt: skip
+        self.processes["worker"] = _spawn(
+            "worker",
+            [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-l", "warning",
+             "--concurrency", "1", "--without-heartbeat", "--without-gossip", "--without-mingle"],
+            env,
+        )  # fmt: skip
+        self.processes["beat"] = _spawn(
+            "beat",
+            [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "-l", "warning",
+             "--schedule", str(LOGS / "beat-schedule")],
+            env,
+        )  # fmt: skip
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{self.gateway_url}/healthz", 60, self.processes["web"], "web")
+        return self.gateway_url
+
+    def stop_gateway(self) -> None:
+        for name in ("web", "worker", "beat"):
+            if name in self.processes:
+                _stop(self.processes.pop(name))
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            _stop(process)
+
+
+def django_setup() -> None:
+    """Point Django at the bench database (created and migrated if needed)."""
+    os.environ["DATABASE_URL"] = DB_URL
+    os.environ["REDIS_URL"] = REDIS_URL
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    dbname = DB_URL.rsplit("/", 1)[1]
+    admin = DB_URL.rsplit("/", 1)[0] + "/postgres"
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dbname]).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{dbname}"')
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+def seed(engine_urls: list[str], *, max_inflight: int, policy: str = "vtc") -> None:
+    from inference.models import Pool, Replica
+    from inference.services import model_ensure, pool_ensure, replica_probe
+
+    model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
+    pool = pool_ensure(name="online", kind="dedicated", model=model, replica_urls=engine_urls)
+    Pool.objects.filter(pk=pool.pk).update(
+        max_inflight=max_inflight, policy=policy, max_queue_wait_seconds=600
+    )
+    for replica in Replica.objects.filter(pool=pool):
+        replica_probe(replica=replica)
+    from inference.catalog import catalog_publish
+
+    catalog_publish()
+
+
+def tenant_key(slug: str, *, weight: int = 1) -> str:
+    from tenants.models import Tenant
+    from tenants.services import api_key_create, tenant_create
+
+    tenant = Tenant.objects.filter(slug=slug).first()
+    if tenant is None:
+        tenant = tenant_create(slug=slug, weight=weight, actor=None)
+    else:
+        Tenant.objects.filter(pk=tenant.pk).update(weight=weight)
+    return api_key_create(tenant=tenant, name="bench", created_by=None).secret
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def stream_body(**overrides: Any) -> dict[str, Any]:
+    return {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": "Tell me about fair queuing between tenants."}],
+        "max_tokens": 128,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0,
+        **overrides,
+    }

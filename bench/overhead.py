@@ -1,0 +1,126 @@
+"""Gateway overhead: the same streaming work sent straight to the engine and through the
+gateway, interleaved in one run on one engine.
+
+Reports added TTFT (p50, p99) for one stream at a time, and the wall time of N concurrent
+streams (16 and 64) through the gateway divided by the same work sent direct.
+Goal: <= 2 ms added TTFT p50; wall-time ratio <= 1.10.
+
+    .venv/bin/python -m bench.overhead [--pairs 60] [--reps 3] [--workers 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from typing import Any
+
+import httpx
+
+from bench.harness import ROOT, Bench, django_setup, percentile, seed, stream_body, tenant_key
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, headers: dict[str, str],
+                     body: dict[str, Any]) -> tuple[float, float, int]:  # fmt: skip
+    started = time.perf_counter()
+    ttft = 0.0
+    chunks = 0
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                if not chunks:
+                    ttft = time.perf_counter() - started
+                chunks += 1
+    return ttft, time.perf_counter() - started, chunks
+
+
+async def run(args: argparse.Namespace, engine: str, gateway: str, key: str) -> dict[str, Any]:
+    targets = {
+        "direct": (f"{engine}/v1/chat/completions", {}),
+        "gateway": (f"{gateway}/v1/chat/completions", {"authorization": f"Bearer {key}"}),
+    }
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    results: dict[str, Any] = {}
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        body = stream_body(max_tokens=16)
+        for _ in range(5):  # warm both paths (connections, caches)
+            for url, headers in targets.values():
+                await one_stream(client, url, headers, body)
+        ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
+        for i in range(args.pairs):
+            order = list(targets) if i % 2 == 0 else list(reversed(targets))
+            for name in order:
+                url, headers = targets[name]
+                ttft[name].append((await one_stream(client, url, headers, body))[0] * 1000)
+        results["ttft_ms"] = {
+            name: {"p50": percentile(v, 50), "p99": percentile(v, 99)} for name, v in ttft.items()
+        }
+        results["ttft_added_ms"] = {
+            q: results["ttft_ms"]["gateway"][q] - results["ttft_ms"]["direct"][q]
+            for q in ("p50", "p99")
+        }
+        body = stream_body(max_tokens=args.tokens)
+        for concurrency in (16, 64):
+            walls: dict[str, list[float]] = {"direct": [], "gateway": []}
+            for rep in range(args.reps):
+                order = list(targets) if rep % 2 == 0 else list(reversed(targets))
+                for name in order:
+                    url, headers = targets[name]
+                    started = time.perf_counter()
+                    done = await asyncio.gather(
+                        *(one_stream(client, url, headers, body) for _ in range(concurrency))
+                    )
+                    walls[name].append(time.perf_counter() - started)
+                    assert all(chunks >= args.tokens for _, _, chunks in done), "short stream"
+            direct, through = (
+                statistics.median(walls["direct"]),
+                statistics.median(walls["gateway"]),
+            )
+            results[f"wall_{concurrency}"] = {
+                "direct_s": direct,
+                "gateway_s": through,
+                "ratio": through / direct,
+                "tokens_per_s_direct": concurrency * args.tokens / direct,
+            }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=60, help="TTFT samples per path")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each wall-time run")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens per stream")
+    parser.add_argument("--workers", type=int, default=1, help="gateway web processes")
+    args = parser.parse_args()
+    django_setup()
+    bench = Bench()
+    try:
+        engine = bench.start_engine()
+        seed([engine], max_inflight=64)
+        key = tenant_key("bench-overhead")
+        gateway = bench.start_gateway(workers=args.workers)
+        results = asyncio.run(run(args, engine, gateway, key))
+    finally:
+        bench.stop()
+    results["config"] = vars(args)
+    out = ROOT / "var" / "bench-results" / f"overhead-w{args.workers}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    t = results["ttft_ms"]
+    print(f"TTFT one stream (ms)   direct p50 {t['direct']['p50']:.1f} p99 {t['direct']['p99']:.1f}"
+          f" | gateway p50 {t['gateway']['p50']:.1f} p99 {t['gateway']['p99']:.1f}"
+          f" | added p50 {results['ttft_added_ms']['p50']:+.1f} p99 "
+          f"{results['ttft_added_ms']['p99']:+.1f}")  # fmt: skip
+    for c in (16, 64):
+        w = results[f"wall_{c}"]
+        print(f"{c:>2} concurrent x {args.tokens} tokens: direct {w['direct_s']:.2f}s, gateway "
+              f"{w['gateway_s']:.2f}s, ratio {w['ratio']:.3f} "
+              f"(direct {w['tokens_per_s_direct']:.0f} tok/s)")  # fmt: skip
+    print(f"results: {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
