@@ -22,12 +22,13 @@ TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
 export INFERPLANE_CACHE := $(CACHE)
 export ENGINE_PYTHON MODEL_DIR
 
-.PHONY: help setup run test lint typecheck pytest clean engine model venv
+.PHONY: help setup run test lint typecheck pytest bench clean engine model venv
 
 help:
 	@echo "make run    - set up and run the platform (web :8000, engines :8101/:8102, worker, beat)"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make setup  - only build the virtualenvs and the tiny model"
+	@echo "make bench  - run the benchmarks (gateway overhead, fairness); see bench/RESULTS.md"
 	@echo "make clean  - remove .venv and var/ (the engine cache in $(CACHE) is kept)"
 
 # --- set-up (each step is skipped when already done) -------------------------------------
@@ -84,6 +85,13 @@ pytest: setup
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# Benchmarks use a database and a Redis database of their own (BENCH_DATABASE_URL,
+# BENCH_REDIS_URL) and start their own engine and gateway.
+bench: setup
+	$(PY) -m bench.overhead
+	$(PY) -m bench.overhead --workers 2
+	$(PY) -m bench.fairness
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -74,6 +74,25 @@ async def test_vtc_shares_equally_between_unequal_demands() -> None:
     assert _share(served, 2) == pytest.approx(0.5, abs=0.05)
 
 
+async def test_vtc_is_global_across_processes() -> None:
+    """Two web processes (two Admission instances, each with its own grant listener) share
+    one pool: tenant A's flood arrives through one, tenant B through the other."""
+    await _pool({"r1": 4})
+    served: Counter[int] = Counter()
+    weights = {1: 1, 2: 1}
+    runs = [
+        asyncio.create_task(_simulate(Admission(), {1: 24}, weights, 10**6, service=served)),
+        asyncio.create_task(_simulate(Admission(), {2: 4}, weights, 10**6, service=served)),
+    ]
+    while sum(served.values()) < 400 * COST:
+        await asyncio.sleep(0.01)
+    snapshot = Counter(served)
+    for run in runs:
+        run.cancel()
+    await asyncio.gather(*runs, return_exceptions=True)
+    assert _share(snapshot, 2) == pytest.approx(0.5, abs=0.05)
+
+
 async def test_vtc_honours_weights() -> None:
     await _pool({"r1": 4})
     served = await _simulate(Admission(), {1: 24, 2: 4}, {1: 1, 2: 2}, completions=450)
