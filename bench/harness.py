@@ -188,5 +188,6 @@ def stream_body(**overrides: Any) -> dict[str, Any]:
         "stream": True,
         "ignore_eos": True,
         "temperature": 0,
+        "stream_options": {"include_usage": True},
         **overrides,
     }

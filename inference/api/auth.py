@@ -6,6 +6,7 @@ round trip either. See ``inference.keycache`` for how changes reach every proces
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -93,6 +94,26 @@ def _load_from_db(prefix: str) -> KeyInfo | None:
 
 
 _l1: dict[str, tuple[float, KeyInfo | None]] = {}
+_loading: dict[str, asyncio.Future[KeyInfo | None]] = {}
+
+
+async def _load_once(prefix: str) -> KeyInfo | None:
+    """One look-up per key at a time: a burst of requests on a cold key waits for the first."""
+    pending = _loading.get(prefix)
+    if pending is not None:
+        return await asyncio.shield(pending)
+    future: asyncio.Future[KeyInfo | None] = asyncio.get_running_loop().create_future()
+    _loading[prefix] = future
+    try:
+        info = await _load(prefix)
+    except BaseException as exc:
+        future.set_exception(exc)
+        future.exception()  # retrieved: waiters get it; nobody else needs to
+        raise
+    finally:
+        _loading.pop(prefix, None)
+    future.set_result(info)
+    return info
 
 
 async def _load(prefix: str) -> KeyInfo | None:
@@ -134,7 +155,7 @@ async def authenticate(raw_key: str, *, scope: str = ApiKey.Scope.INFERENCE) -> 
     if hit is not None and hit[0] > now:
         info = hit[1]
     else:
-        info = await _load(parsed.prefix)
+        info = await _load_once(parsed.prefix)
         if len(_l1) >= L1_MAX_ENTRIES:
             _l1.clear()
         _l1[parsed.prefix] = (now + L1_SECONDS, info)

@@ -164,8 +164,9 @@ class CompletionConsumer(GatewayHttpConsumer):
         await self.send_headers(status=200, headers=[*SSE_HEADERS, *call.headers])
         dumps = orjson.dumps
         try:
-            async for chunk in relay:
-                await self.send_body(b"data: " + dumps(chunk) + b"\n\n", more_body=True)
+            async for batch in relay:
+                body = b"".join([b"data: " + dumps(chunk) + b"\n\n" for chunk in batch])
+                await self.send_body(body, more_body=True)
                 # Neither call above need suspend (the engine's data may be buffered already,
                 # and the socket accepts the write): yield, so a client that left is noticed.
                 await asyncio.sleep(0)
@@ -184,8 +185,8 @@ class CompletionConsumer(GatewayHttpConsumer):
     async def whole(self, call: pipeline.Call, relay: pipeline.Relay) -> None:
         chunks = []
         try:
-            async for chunk in relay:
-                chunks.append(chunk)
+            async for batch in relay:
+                chunks.extend(batch)
         except pipeline.MidStreamError as exc:
             await self.send_error(
                 ApiError(502, str(exc), type="server_error", code="engine_failed"), call.headers
@@ -373,8 +374,9 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
         try:
             await relay.start()
             try:
-                async for chunk in relay:
-                    await self.send_json({"type": "chunk", "id": rid, "data": chunk})
+                async for batch in relay:
+                    for chunk in batch:
+                        await self.send_json({"type": "chunk", "id": rid, "data": chunk})
                     await asyncio.sleep(0)  # let a cancel or a closed socket be noticed
             except pipeline.MidStreamError as exc:
                 raise ApiError(502, str(exc), type="server_error", code="engine_failed") from exc

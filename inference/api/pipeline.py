@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 from redis.exceptions import RedisError
 
@@ -27,12 +27,18 @@ from inference.api.auth import KeyInfo, authenticate
 from inference.api.catalog import catalog_view
 from inference.api.errors import ApiError, model_not_found, overloaded
 from inference.api.schema import ParsedRequest, check_max_tokens, parse_request, upstream_body
-from inference.api.upstream import PATHS, engine_client, engine_error, sse_data
+from inference.api.upstream import (
+    PATHS,
+    TRANSPORT_ERRORS,
+    engine_error,
+    engine_session,
+    sse_batches,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens assumed when max_tokens is not given
-PROGRESS_EVERY = 16  # chunks between two charges of output tokens
+PROGRESS_SECONDS = 0.25  # how often a running request's output tokens are charged
 MAX_ATTEMPTS = 3
 DRAIN_IDLE_SECONDS = 0.05
 DRAIN_CAP_SECONDS = 0.25
@@ -60,7 +66,6 @@ class Call:
     t0: float
     headers: list[tuple[bytes, bytes]]
     replica_url: str = ""
-    reached_engine: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -172,52 +177,52 @@ async def _release_quietly(grant: limits.Grant) -> None:
 
 
 class Relay:
-    """The engine's answer to one call, as OpenAI-shaped chunks."""
+    """The engine's answer to one call, as batches of OpenAI-shaped chunks (a batch is what
+    one read from the engine delivered: sending it as one write saves a syscall per chunk)."""
 
     def __init__(self, call: Call) -> None:
         self.call = call
-        self.response: httpx.Response | None = None
-        self.events: AsyncIterator[bytes] | None = None
-        self.first: bytes | None = None
+        self.response: aiohttp.ClientResponse | None = None
+        self.batches: AsyncIterator[list[bytes]] | None = None
+        self.first: list[bytes] | None = None
+        self.last_progress = 0.0
 
     async def start(self) -> None:
         """Connect and wait for the engine's first event, failing over between replicas."""
         call = self.call
-        client = engine_client()
+        session = engine_session()
         path = PATHS[call.parsed.endpoint]
+        headers = {"content-type": "application/json", "x-request-id": call.rid}
         for _attempt in range(MAX_ATTEMPTS):
             call.replica_url = call.replicas.get(call.replica, {}).get("url", "")
-            call.reached_engine = True
             try:
-                request = client.build_request(
-                    "POST",
-                    call.replica_url + path,
-                    content=call.body,
-                    headers={"content-type": "application/json", "x-request-id": call.rid},
+                response = await session.post(
+                    call.replica_url + path, data=call.body, headers=headers
                 )
-                response = await client.send(request, stream=True)
-            except httpx.TransportError as exc:
+            except TRANSPORT_ERRORS as exc:
                 await self._failover(f"{type(exc).__name__}: {exc}")
                 continue
             self.response = response  # from here on, close() aborts it whatever happens
-            if response.status_code != 200:
-                body = await response.aread()
-                await response.aclose()
-                if response.status_code >= 500 or response.status_code == 404:
-                    await self._failover(f"HTTP {response.status_code}")
+            if response.status != 200:
+                body = await response.read()
+                response.release()
+                self.response = None
+                if response.status >= 500 or response.status == 404:
+                    await self._failover(f"HTTP {response.status}")
                     continue
-                call.status, call.error = "error", f"engine refused: HTTP {response.status_code}"
-                raise engine_error(response.status_code, body)
-            self.events = events = sse_data(response)
+                call.status, call.error = "error", f"engine refused: HTTP {response.status}"
+                raise engine_error(response.status, body)
+            self.batches = batches = sse_batches(response)
             try:
-                first = await anext(events)
-            except (httpx.TransportError, StopAsyncIteration) as exc:
-                await response.aclose()
-                self.response = self.events = None
+                first = await anext(batches)
+            except (*TRANSPORT_ERRORS, StopAsyncIteration) as exc:
+                response.close()
+                self.response = self.batches = None
                 await self._failover(f"no answer: {type(exc).__name__}")
                 continue
             self.first = first
             call.ttft_ms = int((time.perf_counter() - call.t0) * 1000)
+            self.last_progress = time.monotonic()
             return
         call.status, call.error = "error", "no replica answered"
         raise overloaded(2, "No replica could serve the request. Retry shortly.")
@@ -236,47 +241,53 @@ class Relay:
             raise overloaded(2, "No replica could serve the request. Retry shortly.")
         call.replica = replica
 
-    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        if self.events is None or self.first is None:
+    async def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]:
+        if self.batches is None or self.first is None:
             raise RuntimeError("Relay.start() must succeed before iterating")
         call = self.call
         include_usage = call.parsed.include_usage
-        chunks = 0
-        data = self.first
+        model = call.parsed.model
+        batch = self.first
         try:
             while True:
-                if data == b"[DONE]":
-                    call.done = True
+                out = []
+                for data in batch:
+                    if data == b"[DONE]":
+                        call.done = True
+                        break
+                    chunk = orjson.loads(data)
+                    if "choices" not in chunk and "error" in chunk:
+                        message = str(chunk["error"].get("message", "engine error"))
+                        raise MidStreamError(message[:300])
+                    self._count(chunk.pop("usage", None))
+                    for name in _EXTRA_TOP:
+                        chunk.pop(name, None)
+                    chunk["model"] = model
+                    choices = chunk.get("choices")
+                    if choices:
+                        for choice in choices:
+                            for name in _EXTRA_CHOICE:
+                                choice.pop(name, None)
+                        if include_usage:
+                            chunk["usage"] = None
+                        out.append(chunk)
+                    elif include_usage:
+                        chunk["usage"] = call.usage()
+                        out.append(chunk)
+                if out:
+                    yield out
+                if call.done:
                     return
-                chunk = orjson.loads(data)
-                if "choices" not in chunk and "error" in chunk:
-                    raise MidStreamError(str(chunk["error"].get("message", "engine error"))[:300])
-                self._count(chunk.pop("usage", None))
-                for name in _EXTRA_TOP:
-                    chunk.pop(name, None)
-                chunk["model"] = call.parsed.model
-                choices = chunk.get("choices")
-                if choices:
-                    for choice in choices:
-                        for name in _EXTRA_CHOICE:
-                            choice.pop(name, None)
-                    if include_usage:
-                        chunk["usage"] = None
-                    yield chunk
-                elif include_usage:
-                    chunk["usage"] = call.usage()
-                    yield chunk
-                chunks += 1
-                if chunks % PROGRESS_EVERY == 0:
+                if time.monotonic() - self.last_progress >= PROGRESS_SECONDS:
                     await self._progress()
                 try:
-                    data = await anext(self.events)
+                    batch = await anext(self.batches)
                 except StopAsyncIteration:
                     call.done = True  # ended without [DONE]; vLLM always sends it
                     return
-        except (httpx.TransportError, MidStreamError) as exc:
+        except (*TRANSPORT_ERRORS, MidStreamError) as exc:
             call.status = "error"
-            call.error = f"engine failed mid-stream: {exc}"[:300]
+            call.error = f"engine failed mid-stream: {type(exc).__name__}: {exc}"[:300]
             raise MidStreamError(call.error) from exc
 
     def _count(self, usage: dict[str, Any] | None) -> None:
@@ -298,21 +309,22 @@ class Relay:
         without a pause (up to ``cap``) puts them in the ledger; the first pause of ``idle``
         means we are level with generation, and closing then aborts it at once.
         """
-        if self.events is None or self.first is None or self.call.done:
+        if self.batches is None or self.first is None or self.call.done:
             return
         deadline = time.perf_counter() + cap
         try:
             while (remaining := deadline - time.perf_counter()) > 0:
-                data = await asyncio.wait_for(anext(self.events), timeout=min(idle, remaining))
-                if data == b"[DONE]":
-                    return
-                chunk = orjson.loads(data)
-                self._count(chunk.get("usage"))
-        except (TimeoutError, StopAsyncIteration, httpx.TransportError, orjson.JSONDecodeError):
+                batch = await asyncio.wait_for(anext(self.batches), timeout=min(idle, remaining))
+                for data in batch:
+                    if data == b"[DONE]":
+                        return
+                    self._count(orjson.loads(data).get("usage"))
+        except (TimeoutError, StopAsyncIteration, *TRANSPORT_ERRORS, orjson.JSONDecodeError):
             return
 
     async def _progress(self) -> None:
         call = self.call
+        self.last_progress = time.monotonic()
         delta = call.completion_tokens - call.progressed
         if delta <= 0:
             return
@@ -325,7 +337,7 @@ class Relay:
     async def close(self) -> None:
         if self.response is not None:
             # Closing mid-body drops the connection: vLLM aborts the sequence at once.
-            await self.response.aclose()
+            self.response.close()
 
 
 async def finish(call: Call, *, cancelled: bool = False) -> None:
