@@ -72,8 +72,16 @@ async def client_loop(
                 chunk = orjson.loads(line[6:])
                 if chunk.get("usage"):
                     usage = chunk["usage"]
-        log.append(Done(tenant, started, first, time.monotonic(), usage.get("prompt_tokens", 0),
-                        usage.get("completion_tokens", 0)))  # fmt: skip
+        log.append(
+            Done(
+                tenant,
+                started,
+                first,
+                time.monotonic(),
+                usage.get("prompt_tokens", 0),
+                usage.get("completion_tokens", 0),
+            )
+        )
 
 
 def analyse(log: list[Done], t0: float, seconds: float, weights: dict[str, int]) -> dict[str, Any]:
@@ -176,17 +184,21 @@ def main() -> None:
                 workers_running = workers
             time.sleep(1.5)  # web processes pick up the catalog; old key caches expire
             reset_admission()
-            result = asyncio.run(scenario(bench.gateway_url + "/v1/chat/completions", keys,
-                                          args.seconds, weights))  # fmt: skip
+            result = asyncio.run(
+                scenario(bench.gateway_url + "/v1/chat/completions", keys, args.seconds, weights)
+            )
             result.update(policy=policy, workers=workers, weights=weights)
             results.append(result)
             share_b = result["share"]["B"]
-            print(f"{policy:4} workers={workers} weights A:B={weights['A']}:{weights['B']}  "
-                  f"share A {result['share']['A']:.1%} B {share_b:.1%}  "
-                  f"max|diff| {result['max_abs_diff']} (bound {result['vtc_bound']}), "
-                  f"final diff {result['final_diff']}  "
-                  f"TTFT p50 A {result['ttft_ms']['A']['p50']:.0f}ms B "
-                  f"{result['ttft_ms']['B']['p50']:.0f}ms", flush=True)  # fmt: skip
+            print(
+                f"{policy:4} workers={workers} weights A:B={weights['A']}:{weights['B']}  "
+                f"share A {result['share']['A']:.1%} B {share_b:.1%}  "
+                f"max|diff| {result['max_abs_diff']} (bound {result['vtc_bound']}), "
+                f"final diff {result['final_diff']}  "
+                f"TTFT p50 A {result['ttft_ms']['A']['p50']:.0f}ms B "
+                f"{result['ttft_ms']['B']['p50']:.0f}ms",
+                flush=True,
+            )
     finally:
         bench.stop()
     out = ROOT / "var" / "bench-results" / "fairness.json"

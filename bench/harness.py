@@ -31,9 +31,11 @@ def free_port() -> int:
 
 
 def _spawn(
-    name: str, args: list[str], env: dict[str, str] | None = None
+    name: str, args: list[str], env: dict[str, str] | None = None, cpus: str = ""
 ) -> subprocess.Popen[bytes]:
     LOGS.mkdir(parents=True, exist_ok=True)
+    if cpus:
+        args = ["taskset", "-c", cpus, *args]
     with (LOGS / f"{name}.log").open("wb") as log:
         return subprocess.Popen(
             args,
@@ -73,13 +75,17 @@ class Bench:
     engine_url: str = ""
     gateway_url: str = ""
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # pin=True gives the engine CPU 0 to itself; gateway and load generator share CPU 1
+    # (the production shape: the gateway never runs on the engine's cores).
+    pin: bool = False
 
     def start_engine(self, *extra: str) -> str:
         port = free_port()
         name = f"engine-{port}"
-        self.processes[name] = _spawn(
-            name, [str(ROOT / "scripts" / "engine.sh"), str(port), *extra]
-        )
+        command = [str(ROOT / "scripts" / "engine.sh"), str(port), *extra]
+        self.processes[name] = _spawn(name, command, cpus="0" if self.pin else "")
+        if self.pin:
+            os.sched_setaffinity(0, {1})
         self.engine_url = f"http://127.0.0.1:{port}"
         _wait_http(f"{self.engine_url}/health", 300, self.processes[name], name)
         return self.engine_url
@@ -87,25 +93,18 @@ class Bench:
     def start_gateway(self, *, workers: int = 1) -> str:
         port = free_port()
         env = {"DATABASE_URL": DB_URL, "REDIS_URL": REDIS_URL}
+        cpus = "1" if self.pin else ""
+        py = [sys.executable, "-m"]
         self.stop_gateway()
-        self.processes["web"] = _spawn(
-            "web",
-            [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--port",
-             str(port), "--workers", str(workers), "--no-access-log", "--lifespan", "off"],
-            env,
-        )  # fmt: skip
-        self.processes["worker"] = _spawn(
-            "worker",
-            [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-l", "warning",
-             "--concurrency", "1", "--without-heartbeat", "--without-gossip", "--without-mingle"],
-            env,
-        )  # fmt: skip
-        self.processes["beat"] = _spawn(
-            "beat",
-            [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "-l", "warning",
-             "--schedule", str(LOGS / "beat-schedule")],
-            env,
-        )  # fmt: skip
+        web = ["uvicorn", "controlplane.asgi:application", "--port", str(port)]
+        web += ["--workers", str(workers), "--no-access-log", "--lifespan", "off"]
+        self.processes["web"] = _spawn("web", [*py, *web], env, cpus)
+        worker = ["celery", "-A", "controlplane", "worker", "-l", "warning", "--concurrency", "1"]
+        worker += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
+        self.processes["worker"] = _spawn("worker", [*py, *worker], env, cpus)
+        beat = ["celery", "-A", "controlplane", "beat", "-l", "warning"]
+        beat += ["--schedule", str(LOGS / "beat-schedule")]
+        self.processes["beat"] = _spawn("beat", [*py, *beat], env, cpus)
         self.gateway_url = f"http://127.0.0.1:{port}"
         _wait_http(f"{self.gateway_url}/healthz", 60, self.processes["web"], "web")
         return self.gateway_url

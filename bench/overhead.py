@@ -22,8 +22,9 @@ import httpx
 from bench.harness import ROOT, Bench, django_setup, percentile, seed, stream_body, tenant_key
 
 
-async def one_stream(client: httpx.AsyncClient, url: str, headers: dict[str, str],
-                     body: dict[str, Any]) -> tuple[float, float, int]:  # fmt: skip
+async def one_stream(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict[str, Any]
+) -> tuple[float, float, int]:
     """(TTFT, total time, completion tokens) of one streamed request."""
     started = time.perf_counter()
     ttft = 0.0
@@ -96,9 +97,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each wall-time run")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per stream")
     parser.add_argument("--workers", type=int, default=1, help="gateway web processes")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="engine alone on CPU 0; gateway and load generator on CPU 1",
+    )
     args = parser.parse_args()
     django_setup()
-    bench = Bench()
+    bench = Bench(pin=args.pin)
     try:
         engine = bench.start_engine()
         seed([engine], max_inflight=64)
@@ -108,19 +114,24 @@ def main() -> None:
     finally:
         bench.stop()
     results["config"] = vars(args)
-    out = ROOT / "var" / "bench-results" / f"overhead-w{args.workers}.json"
+    suffix = "-pinned" if args.pin else ""
+    out = ROOT / "var" / "bench-results" / f"overhead-w{args.workers}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     t = results["ttft_ms"]
-    print(f"TTFT one stream (ms)   direct p50 {t['direct']['p50']:.1f} p99 {t['direct']['p99']:.1f}"
-          f" | gateway p50 {t['gateway']['p50']:.1f} p99 {t['gateway']['p99']:.1f}"
-          f" | added p50 {results['ttft_added_ms']['p50']:+.1f} p99 "
-          f"{results['ttft_added_ms']['p99']:+.1f}")  # fmt: skip
+    print(
+        f"TTFT one stream (ms)   direct p50 {t['direct']['p50']:.1f} p99 {t['direct']['p99']:.1f}"
+        f" | gateway p50 {t['gateway']['p50']:.1f} p99 {t['gateway']['p99']:.1f}"
+        f" | added p50 {results['ttft_added_ms']['p50']:+.1f} p99 "
+        f"{results['ttft_added_ms']['p99']:+.1f}"
+    )
     for c in (16, 64):
         w = results[f"wall_{c}"]
-        print(f"{c:>2} concurrent x {args.tokens} tokens: direct {w['direct_s']:.2f}s, gateway "
-              f"{w['gateway_s']:.2f}s, ratio {w['ratio']:.3f} "
-              f"(direct {w['tokens_per_s_direct']:.0f} tok/s)")  # fmt: skip
+        print(
+            f"{c:>2} concurrent x {args.tokens} tokens: direct {w['direct_s']:.2f}s, gateway "
+            f"{w['gateway_s']:.2f}s, ratio {w['ratio']:.3f} "
+            f"(direct {w['tokens_per_s_direct']:.0f} tok/s)"
+        )
     print(f"results: {out.relative_to(ROOT)}")
 
 

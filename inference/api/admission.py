@@ -29,10 +29,11 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from inference.api.errors import overloaded
-from inference.api.lua import script
+from inference.api.lua import run_into, script
 from inference.api.redis import redis_async
 from inference.catalog import pool_prefix
 
@@ -397,6 +398,10 @@ class Admission:
         """Free the slot; ``adjustment`` is the weighted service not yet charged."""
         self.held.pop(rid, None)
         await script(COMPLETE)(keys=[pool_prefix(pool)], args=self._args(rid, adjustment))
+
+    def complete_into(self, pipe: Pipeline, *, pool: str, rid: str, adjustment: float) -> None:
+        self.held.pop(rid, None)
+        run_into(pipe, COMPLETE, [pool_prefix(pool)], self._args(rid, adjustment))
 
     async def reroute(self, *, pool: str, rid: str, failed: str) -> str:
         """The replica failed before answering: take it out of rotation, try another."""

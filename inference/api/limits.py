@@ -11,14 +11,16 @@ from __future__ import annotations
 import calendar
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.db.models import F, Sum
+from redis.asyncio.client import Pipeline
 
 from inference.api.auth import KeyInfo
 from inference.api.errors import ApiError
-from inference.api.lua import script
+from inference.api.lua import run_into, script
 from inference.api.redis import redis_async
 
 LEASE_MS = 20_000
@@ -158,18 +160,20 @@ class Grant:
     month: str
     conc_keys: tuple[str, ...]
 
-    async def release(self, actual_tokens: int) -> None:
+    def _release_args(self, actual_tokens: int) -> tuple[list[str], list[Any]]:
         t, k = _scopes(self.key, self.month)
-        await script(RELEASE)(
-            keys=[t["tpm"], t["conc"], t["month"], k["tpm"], k["conc"], k["month"]],
-            args=[
-                self.rid,
-                self.estimate,
-                actual_tokens,
-                self.key.tenant_limits[1],
-                self.key.key_limits[1],
-            ],
-        )
+        keys = [t["tpm"], t["conc"], t["month"], k["tpm"], k["conc"], k["month"]]
+        limits = [self.key.tenant_limits[1], self.key.key_limits[1]]
+        return keys, [self.rid, self.estimate, actual_tokens, *limits]
+
+    async def release(self, actual_tokens: int) -> None:
+        """Give back the estimate's excess (or take the shortfall) and the concurrency slot."""
+        keys, args = self._release_args(actual_tokens)
+        await script(RELEASE)(keys=keys, args=args)
+
+    def release_into(self, pipe: Pipeline, actual_tokens: int) -> None:
+        keys, args = self._release_args(actual_tokens)
+        run_into(pipe, RELEASE, keys, args)
 
 
 def _scopes(key: KeyInfo, month: str) -> tuple[dict[str, str], dict[str, str]]:

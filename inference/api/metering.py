@@ -12,12 +12,18 @@ from typing import Any
 
 import orjson
 from asgiref.sync import sync_to_async
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from billing.services import USAGE_SPOOL, usage_records_insert
 from inference.api.redis import redis_async
 
 log = logging.getLogger(__name__)
+
+
+def spool_into(pipe: Pipeline, record: dict[str, Any]) -> None:
+    """Queue the record on a pipeline that also carries the request's other end-of-life work."""
+    pipe.rpush(USAGE_SPOOL, orjson.dumps(record))
 
 
 async def spool(record: dict[str, Any]) -> None:
@@ -27,6 +33,12 @@ async def spool(record: dict[str, Any]) -> None:
         return
     except RedisError:
         log.warning("usage spool unavailable; writing %s to the database", record["request_id"])
+    await store_directly(record)
+
+
+async def store_directly(record: dict[str, Any]) -> None:
+    """Redis cannot take the record: straight to Postgres (or, failing that, the log)."""
+    data = orjson.dumps(record)
     try:
         await sync_to_async(usage_records_insert)([record])
     except Exception:

@@ -19,13 +19,14 @@ from typing import Any
 
 import aiohttp
 import orjson
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from inference.api import limits, metering
 from inference.api.admission import W_IN, W_OUT, CatalogMissing, admission
 from inference.api.auth import KeyInfo, authenticate
 from inference.api.catalog import catalog_view
 from inference.api.errors import ApiError, model_not_found, overloaded
+from inference.api.redis import redis_async
 from inference.api.schema import ParsedRequest, check_max_tokens, parse_request, upstream_body
 from inference.api.upstream import (
     PATHS,
@@ -38,7 +39,7 @@ from inference.api.upstream import (
 log = logging.getLogger(__name__)
 
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens assumed when max_tokens is not given
-PROGRESS_SECONDS = 0.25  # how often a running request's output tokens are charged
+PROGRESS_SECONDS = 1.0  # how often a running request's output tokens are charged
 MAX_ATTEMPTS = 3
 DRAIN_IDLE_SECONDS = 0.05
 DRAIN_CAP_SECONDS = 0.25
@@ -336,8 +337,11 @@ class Relay:
 
     async def close(self) -> None:
         if self.response is not None:
-            # Closing mid-body drops the connection: vLLM aborts the sequence at once.
-            self.response.close()
+            if self.call.done:
+                self.response.release()  # read to the end: the connection is reused
+            else:
+                # Closing mid-body drops the connection: vLLM aborts the sequence at once.
+                self.response.close()
 
 
 async def finish(call: Call, *, cancelled: bool = False) -> None:
@@ -353,35 +357,47 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
     adjustment = W_IN * (call.prompt_tokens - parsed.prompt_estimate) + W_OUT * (
         call.completion_tokens - call.progressed
     )
+    finished_at = datetime.now(UTC)
+    record = {
+        "request_id": call.rid,
+        "tenant_id": call.key.tenant_id,
+        "api_key_id": call.key.key_id,
+        "model": parsed.model,
+        "adapter": "",
+        "endpoint": parsed.endpoint,
+        "mode": "online",
+        "status": call.status,
+        "prompt_tokens": call.prompt_tokens,
+        "completion_tokens": call.completion_tokens,
+        "cached_tokens": call.cached_tokens,
+        "pool": call.pool,
+        "replica": call.replica_url,
+        "ttft_ms": call.ttft_ms,
+        "duration_ms": int((time.perf_counter() - call.t0) * 1000),
+        "error": call.error,
+        "started_at": call.started_at.isoformat(),
+        "finished_at": finished_at.isoformat(),
+    }
+    tokens = call.prompt_tokens + call.completion_tokens
     try:
+        # Slot, limits and ledger in one round trip.
+        pipe = redis_async().pipeline(transaction=False)
         if call.replica:
-            await admission().complete(pool=call.pool, rid=call.rid, adjustment=adjustment)
-        await call.grant.release(call.prompt_tokens + call.completion_tokens)
+            admission().complete_into(pipe, pool=call.pool, rid=call.rid, adjustment=adjustment)
+        call.grant.release_into(pipe, tokens)
+        metering.spool_into(pipe, record)
+        await pipe.execute()
+    except NoScriptError:  # Redis restarted since the scripts were loaded: one by one
+        try:
+            if call.replica:
+                await admission().complete(pool=call.pool, rid=call.rid, adjustment=adjustment)
+            await call.grant.release(tokens)
+            await metering.spool(record)
+        except RedisError:
+            await metering.store_directly(record)
     except RedisError:
         log.warning("could not release admission/limits of %s", call.rid, exc_info=True)
-    finished_at = datetime.now(UTC)
-    await metering.spool(
-        {
-            "request_id": call.rid,
-            "tenant_id": call.key.tenant_id,
-            "api_key_id": call.key.key_id,
-            "model": parsed.model,
-            "adapter": "",
-            "endpoint": parsed.endpoint,
-            "mode": "online",
-            "status": call.status,
-            "prompt_tokens": call.prompt_tokens,
-            "completion_tokens": call.completion_tokens,
-            "cached_tokens": call.cached_tokens,
-            "pool": call.pool,
-            "replica": call.replica_url,
-            "ttft_ms": call.ttft_ms,
-            "duration_ms": int((time.perf_counter() - call.t0) * 1000),
-            "error": call.error,
-            "started_at": call.started_at.isoformat(),
-            "finished_at": finished_at.isoformat(),
-        }
-    )
+        await metering.store_directly(record)
 
 
 def aggregate(call: Call, chunks: list[dict[str, Any]]) -> dict[str, Any]:
