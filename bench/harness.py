@@ -98,6 +98,7 @@ class Bench:
         self.stop_gateway()
         web = ["uvicorn", "controlplane.asgi:application", "--port", str(port)]
         web += ["--workers", str(workers), "--no-access-log", "--lifespan", "off"]
+        web += ["--timeout-keep-alive", "75"]
         self.processes["web"] = _spawn("web", [*py, *web], env, cpus)
         worker = ["celery", "-A", "controlplane", "worker", "-l", "warning", "--concurrency", "1"]
         worker += ["--without-heartbeat", "--without-gossip", "--without-mingle"]

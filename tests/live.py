@@ -87,6 +87,8 @@ def stack_start(
             "--no-access-log",
             "--lifespan",
             "off",
+            "--timeout-keep-alive",
+            "75",
         ],
         env,
     )

@@ -195,11 +195,14 @@ class Relay:
         path = PATHS[call.parsed.endpoint]
         headers = {"content-type": "application/json", "x-request-id": call.rid}
         for _attempt in range(MAX_ATTEMPTS):
-            call.replica_url = call.replicas.get(call.replica, {}).get("url", "")
+            call.replica_url = url = call.replicas.get(call.replica, {}).get("url", "")
             try:
-                response = await session.post(
-                    call.replica_url + path, data=call.body, headers=headers
-                )
+                try:
+                    response = await session.post(url + path, data=call.body, headers=headers)
+                except aiohttp.ServerDisconnectedError:
+                    # Most likely a pooled keep-alive connection the engine had just closed:
+                    # one fresh try on the same replica before calling it failed.
+                    response = await session.post(url + path, data=call.body, headers=headers)
             except TRANSPORT_ERRORS as exc:
                 await self._failover(f"{type(exc).__name__}: {exc}")
                 continue

@@ -155,7 +155,8 @@ def test_engine_killed_mid_stream(engine: Engine, spare_engine: Engine, stack_fa
     assert '"code":"engine_failed"' in broken[-2]
     records = wait_for(lambda: len(r := list(UsageRecord.objects.filter(tenant=tenant))) == 2 and r)
     failed = next(r for r in records if r.status == "error")
-    assert failed.replica == spare_engine.url and failed.completion_tokens > 0
+    # Metered with what the engine had counted (its usage rides on every chunk).
+    assert failed.replica == spare_engine.url and failed.prompt_tokens > 0
     # The next requests are served by the remaining replica, even before a probe notices:
     # a connection refused before the first byte is retried on another replica.
     for _ in range(3):
@@ -264,11 +265,14 @@ def test_limits_hold_across_two_web_processes(engine: Engine, stack_factory: Any
         results.append(response.status_code)
 
     threads = [threading.Thread(target=fire) for _ in range(30)]
+    started = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert results.count(200) == 12 and results.count(429) == 18
+    refilled = int((time.monotonic() - started) / 5)  # the bucket earns one request per 5 s
+    assert 12 <= results.count(200) <= 12 + refilled
+    assert results.count(429) == 30 - results.count(200)
 
     _, key2 = world.tenant(max_concurrency=2)
     statuses: list[int] = []
