@@ -99,15 +99,15 @@ class Bench:
         web = ["uvicorn", "controlplane.asgi:application", "--port", str(port)]
         web += ["--workers", str(workers), "--no-access-log", "--lifespan", "off"]
         web += ["--timeout-keep-alive", "75"]
-        self.processes["web"] = _spawn("web", [*py, *web], env, cpus)
+        self.processes["web"] = _spawn(f"web-{port}", [*py, *web], env, cpus)
         worker = ["celery", "-A", "controlplane", "worker", "-l", "warning", "--concurrency", "1"]
         worker += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
-        self.processes["worker"] = _spawn("worker", [*py, *worker], env, cpus)
+        self.processes["worker"] = _spawn(f"worker-{port}", [*py, *worker], env, cpus)
         beat = ["celery", "-A", "controlplane", "beat", "-l", "warning"]
         beat += ["--schedule", str(LOGS / "beat-schedule")]
-        self.processes["beat"] = _spawn("beat", [*py, *beat], env, cpus)
+        self.processes["beat"] = _spawn(f"beat-{port}", [*py, *beat], env, cpus)
         self.gateway_url = f"http://127.0.0.1:{port}"
-        _wait_http(f"{self.gateway_url}/healthz", 60, self.processes["web"], "web")
+        _wait_http(f"{self.gateway_url}/healthz", 60, self.processes["web"], f"web-{port}")
         return self.gateway_url
 
     def stop_gateway(self) -> None:

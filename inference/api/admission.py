@@ -269,18 +269,22 @@ return {'gone', ''}
 """
 )
 
-# ARGV: lease slack rid failed_replica  ->  new replica id, or '' (slot released)
+# ARGV: lease slack rid failed_replica
+#   -> another replica id; the same id (it is the only one left: retry it, the health probe
+#      decides whether it is down); or '' (no room anywhere: the slot is released)
 REROUTE = (
     _PRELUDE
     + """
 local rid, failed = ARGV[3], ARGV[4]
 local key = base .. 'req:' .. rid
+local r = redis.call('HMGET', key, 'state', 'prefix', 'tenant')
+if r[1] ~= 'granted' then return '' end
+local listed = redis.call('HEXISTS', base .. 'replicas', failed) == 1
+if listed and redis.call('HLEN', base .. 'replicas') == 1 then return failed end
 redis.call('HDEL', base .. 'replicas', failed)
 if redis.call('HLEN', base .. 'replicas') == 0 then
   redis.call('HSET', base .. 'replicas', 'none', 0)
 end
-local r = redis.call('HMGET', key, 'state', 'prefix', 'tenant')
-if r[1] ~= 'granted' then return '' end
 unload(failed)
 local rep = pick_replica(r[2])
 if rep then

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -119,7 +120,7 @@ class GatewayHttpConsumer(AsyncHttpConsumer):
                 )
             )
 
-    async def send_error(self, error: ApiError, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
+    async def send_error(self, error: ApiError, extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
         headers = [JSON, *extra, *((k.encode(), v.encode()) for k, v in error.headers.items())]
         await self.send_response(error.status, error.json(), headers=headers)
 

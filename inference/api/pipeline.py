@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens assumed when max_tokens is not given
 PROGRESS_SECONDS = 1.0  # how often a running request's output tokens are charged
 MAX_ATTEMPTS = 3
+RETRY_PAUSE_SECONDS = 0.2
 DRAIN_IDLE_SECONDS = 0.05
 DRAIN_CAP_SECONDS = 0.25
 # Fields vLLM adds to OpenAI's chunk shape.
@@ -187,6 +188,7 @@ class Relay:
         self.batches: AsyncIterator[list[bytes]] | None = None
         self.first: list[bytes] | None = None
         self.last_progress = 0.0
+        self.failures = 0
 
     async def start(self) -> None:
         """Connect and wait for the engine's first event, failing over between replicas."""
@@ -232,9 +234,12 @@ class Relay:
         raise overloaded(2, "No replica could serve the request. Retry shortly.")
 
     async def _failover(self, reason: str) -> None:
+        """Move to another replica (the failed one leaves the rotation until a probe brings
+        it back); when it is the pool's only replica, pause and try it again."""
         call = self.call
         log.warning("replica %s failed before answering (%s); rerouting", call.replica_url, reason)
         call.error = reason[:300]
+        self.failures += 1
         try:
             replica = await admission().reroute(pool=call.pool, rid=call.rid, failed=call.replica)
         except RedisError:
@@ -243,6 +248,8 @@ class Relay:
             call.status = "error"
             call.replica = ""
             raise overloaded(2, "No replica could serve the request. Retry shortly.")
+        if replica == call.replica:
+            await asyncio.sleep(RETRY_PAUSE_SECONDS * self.failures)
         call.replica = replica
 
     async def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]:
