@@ -156,6 +156,12 @@ def reset_admission() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=40)
+    parser.add_argument(
+        "--runs",
+        nargs="*",
+        default=[],
+        help="subset as policy:workers:weightA:weightB, e.g. vtc:1:1:1 fcfs:2:1:1",
+    )
     args = parser.parse_args()
     django_setup()
     from inference.catalog import catalog_publish
@@ -169,6 +175,11 @@ def main() -> None:
         ("vtc", 1, {"A": 1, "B": 2}),
         ("vtc", 2, {"A": 1, "B": 2}),
     ]
+    if args.runs:
+        runs = []
+        for spec in args.runs:
+            policy, workers, wa, wb = spec.split(":")
+            runs.append((policy, int(workers), {"A": int(wa), "B": int(wb)}))
     bench = Bench()
     results = []
     try:

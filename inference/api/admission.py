@@ -2,7 +2,9 @@
 
 Per pool, under one hash tag (``ip:{p:<pool>}:``):
   counters      hash   tenant -> virtual token counter (weighted service received)
-  active        hash   tenant -> requests running
+  active        hash   tenant -> requests running (or holding a slot)
+  idle_since    hash   tenant -> when it last had nothing running
+  holds         zset   "tenant|replica|rid" -> expiry: slots kept for a returning tenant
   backlog       zset   backlogged tenants, scored by counter
   q:<tenant>    list   that tenant's waiting request ids (``fcfs``: one list for all)
   req:<rid>     hash   tenant, weight, estimate, process, prefix, deadline, state, replica
@@ -17,8 +19,10 @@ near-least-loaded ones, rendezvous hashing of the prompt's prefix for cache affi
 Output tokens are charged as they stream (PROGRESS); COMPLETE reconciles the estimate with
 the engine's count, frees the slot and admits the next request. A tenant that becomes
 backlogged after being idle (nothing queued, nothing running) has its counter lifted to the
-smallest backlogged counter, so idle time earns no credit. Leases of a crashed process
-expire and are reaped.
+smallest backlogged counter, so idle time earns no credit. When a request ends and its
+tenant is owed service but has nothing queued yet (a client about to send its next request),
+the slot is held for that tenant for HOLD_MS before anyone else gets it. Leases of a crashed
+process expire and are reaped.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 
 from redis.asyncio.client import Pipeline
@@ -43,6 +48,9 @@ LEASE_MS = 20_000
 RENEW_EVERY = 5.0
 W_IN, W_OUT = 1, 2  # weighted service = prompt + 2 x completion tokens
 ROUTE_SLACK = 1  # replicas within this many requests of the least loaded count as "least"
+HOLD_MS = 100  # how long a completed request's slot is kept for its tenant's next request
+TICK_SECONDS = 0.05  # how often a process with waiting requests releases expired holds
+IDLE_GRACE_MS = 1000  # a pause shorter than this between a tenant's requests is not idleness
 
 _PRELUDE = """
 local base = KEYS[1]
@@ -50,6 +58,8 @@ local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local LEASE = tonumber(ARGV[1])
 local SLACK = tonumber(ARGV[2])
+local HOLD = __HOLD_MS__
+local IDLE_GRACE = __IDLE_GRACE_MS__
 
 local function unload(rep)
   if rep and redis.call('HINCRBY', base .. 'rload', rep, -1) < 0 then
@@ -60,6 +70,7 @@ end
 local function deactivate(tenant)
   if tenant and redis.call('HINCRBY', base .. 'active', tenant, -1) <= 0 then
     redis.call('HDEL', base .. 'active', tenant)
+    redis.call('HSET', base .. 'idle_since', tenant, now)
   end
 end
 
@@ -71,6 +82,13 @@ local function reap()
     deactivate(r[2])
     redis.call('ZREM', base .. 'inflight', rid)
     redis.call('DEL', base .. 'req:' .. rid)
+  end
+  -- Slots held for a tenant that did not come back in time go to whoever waits.
+  for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', '-inf', now)) do
+    local tenant, rep = string.match(h, '^([^|]*)|([^|]*)|')
+    unload(rep)
+    deactivate(tenant)
+    redis.call('ZREM', base .. 'holds', h)
   end
 end
 
@@ -176,6 +194,19 @@ local function dispatch(self_rid)
   return mine
 end
 
+-- A completing request's tenant that is owed service (its counter is at or below every
+-- waiting tenant's) but has nothing queued is most likely a client about to send its next
+-- request: keep the slot for it briefly instead of handing it to the heaviest tenant. Without
+-- this, a tenant with a few closed-loop clients loses a slot at every completion.
+local function owed_hold(tenant, rep)
+  if policy() == 'fcfs' or redis.call('LLEN', base .. 'q:' .. tenant) > 0 then return false end
+  if redis.call('HEXISTS', base .. 'replicas', rep) == 0 then return false end
+  local low = redis.call('ZRANGE', base .. 'backlog', 0, 0, 'WITHSCORES')
+  if #low == 0 then return false end
+  local c = tonumber(redis.call('HGET', base .. 'counters', tenant) or '0')
+  return c <= tonumber(low[2])
+end
+
 local function charge(tenant, weight, amount)
   if amount == 0 then return end
   local c = redis.call('HINCRBYFLOAT', base .. 'counters', tenant, amount / weight)
@@ -184,6 +215,9 @@ local function charge(tenant, weight, amount)
   end
 end
 """
+_PRELUDE = _PRELUDE.replace("__HOLD_MS__", str(HOLD_MS)).replace(
+    "__IDLE_GRACE_MS__", str(IDLE_GRACE_MS)
+)
 
 # ARGV: lease slack rid tenant weight est proc prefix wait_ms
 ENQUEUE = (
@@ -197,14 +231,27 @@ local wait = tonumber(ARGV[9])
 redis.call('HSET', key, 'tenant', tenant, 'weight', weight, 'est', est, 'proc', ARGV[7],
   'prefix', ARGV[8], 'state', 'queued', 'deadline', now + wait)
 redis.call('PEXPIRE', key, wait + 3600000)
+-- A slot held for this tenant (see owed_hold): take it at once.
+for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', now, '+inf')) do
+  if string.sub(h, 1, #tenant + 1) == tenant .. '|' then
+    local rep = string.match(h, '^[^|]*|([^|]*)|')
+    redis.call('ZREM', base .. 'holds', h)
+    redis.call('HINCRBYFLOAT', base .. 'counters', tenant, tonumber(est) / tonumber(weight))
+    redis.call('HSET', key, 'state', 'granted', 'replica', rep)
+    redis.call('ZADD', base .. 'inflight', now + LEASE, rid)
+    return {'granted', rep}
+  end
+end
 if policy() == 'fcfs' then
   redis.call('RPUSH', base .. 'fcfs', rid)
 elseif redis.call('RPUSH', base .. 'q:' .. tenant, rid) == 1 then
-  -- Newly backlogged. A tenant that was idle (nothing queued, nothing running) is lifted to
-  -- the smallest backlogged counter (or the last one to leave), so idle time earns no
-  -- credit; one whose requests are running keeps its counter: it was not idle.
+  -- Newly backlogged. A tenant that was idle (nothing queued, nothing running for longer
+  -- than IDLE_GRACE) is lifted to the smallest backlogged counter (or the last one to leave),
+  -- so idle time earns no credit. One whose requests are running, or that paused only for a
+  -- moment between requests, keeps its counter: it was not idle.
   local c = tonumber(redis.call('HGET', base .. 'counters', tenant) or '0')
-  if not redis.call('HGET', base .. 'active', tenant) then
+  local since = tonumber(redis.call('HGET', base .. 'idle_since', tenant) or '0')
+  if not redis.call('HGET', base .. 'active', tenant) and now - since > IDLE_GRACE then
     local low = redis.call('ZRANGE', base .. 'backlog', 0, 0, 'WITHSCORES')
     local floor = (#low > 0) and tonumber(low[2])
       or tonumber(redis.call('GET', base .. 'last_left') or '0')
@@ -218,6 +265,16 @@ end
 local mine = dispatch(rid)
 if mine then return {'granted', mine} end
 return {'queued', ''}
+"""
+)
+
+# ARGV: lease slack  ->  held slots left (expired holds are released, waiters admitted)
+TICK = (
+    _PRELUDE
+    + """
+reap()
+dispatch(nil)
+return redis.call('ZCARD', base .. 'holds')
 """
 )
 
@@ -241,10 +298,14 @@ local key = base .. 'req:' .. ARGV[3]
 local r = redis.call('HMGET', key, 'tenant', 'weight', 'state', 'replica')
 if r[3] == 'granted' then
   charge(r[1], tonumber(r[2]), tonumber(ARGV[4]))
-  unload(r[4])
-  deactivate(r[1])
   redis.call('ZREM', base .. 'inflight', ARGV[3])
   redis.call('DEL', key)
+  if owed_hold(r[1], r[4]) then
+    redis.call('ZADD', base .. 'holds', now + HOLD, r[1] .. '|' .. r[4] .. '|' .. ARGV[3])
+  else
+    unload(r[4])
+    deactivate(r[1])
+  end
 end
 dispatch(nil)
 return 1
@@ -325,6 +386,7 @@ class Admission:
     waiters: dict[str, asyncio.Future[str]] = field(default_factory=dict)
     held: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     claimed: set[str] = field(default_factory=set)
+    waiting: Counter[str] = field(default_factory=Counter)
     listeners: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     renewer: asyncio.Task[None] | None = None
 
@@ -348,6 +410,7 @@ class Admission:
         base = pool_prefix(pool)
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.waiters[rid] = future
+        self.waiting[pool] += 1
         try:
             result = await script(ENQUEUE)(
                 keys=[base],
@@ -381,6 +444,7 @@ class Admission:
             return replica
         finally:
             self.waiters.pop(rid, None)
+            self.waiting[pool] -= 1
 
     async def _withdraw(self, pool: str, rid: str, future: asyncio.Future[str]) -> str:
         """Leave the queue; if the grant won the race, the replica it carries."""
@@ -424,10 +488,15 @@ class Admission:
             self.renewer = asyncio.create_task(self._renew())
 
     async def _listen(self, pool: str) -> None:
-        key = pool_prefix(pool) + "grants:" + self.proc
+        base = pool_prefix(pool)
+        key = base + "grants:" + self.proc
         while True:
+            waiting = self.waiting[pool] > 0
             try:
-                item = await redis_async().blpop([key], timeout=1)
+                item = await redis_async().blpop([key], timeout=TICK_SECONDS if waiting else 1)
+                if item is None and waiting:
+                    # Nothing came: release held slots whose tenant did not return.
+                    await script(TICK)(keys=[base], args=self._args())
             except RedisError:
                 log.warning("admission listener for %s lost Redis; retrying", pool)
                 await asyncio.sleep(0.5)

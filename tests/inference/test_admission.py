@@ -35,8 +35,11 @@ async def _simulate(
     weights: dict[int, int],
     completions: int,
     service: Counter[int] | None = None,
+    serve_seconds: float = 0,
+    think_seconds: float = 0,
 ) -> Counter[int]:
-    """Closed-loop clients: each keeps one request outstanding, resubmitting at once."""
+    """Closed-loop clients: each keeps one request outstanding, resubmitting after
+    ``think_seconds``; a request takes ``serve_seconds`` once admitted."""
     served: Counter[int] = service if service is not None else Counter()
     done = 0
 
@@ -54,11 +57,12 @@ async def _simulate(
                 wait_seconds=30,
                 limit_keys=(),
             )
-            await asyncio.sleep(0)
+            await asyncio.sleep(serve_seconds)
             await adm.complete(pool=POOL, rid=rid, adjustment=W_OUT * OUTPUT)
             if done < completions:
                 served[tenant] += COST
                 done += 1
+            await asyncio.sleep(think_seconds)
 
     await asyncio.gather(*(client(t) for t, n in outstanding.items() for _ in range(n)))
     return served
@@ -72,6 +76,56 @@ async def test_vtc_shares_equally_between_unequal_demands() -> None:
     await _pool({"r1": 4})
     served = await _simulate(Admission(), {1: 24, 2: 4}, {1: 1, 2: 1}, completions=400)
     assert _share(served, 2) == pytest.approx(0.5, abs=0.05)
+
+
+async def test_clients_that_take_a_moment_to_resubmit_keep_their_share() -> None:
+    """Real clients need a few milliseconds between the end of one answer and the next
+    request; the slot is held for the tenant that is owed service meanwhile."""
+    await _pool({"r1": 4})
+    served = await _simulate(
+        Admission(),
+        {1: 24, 2: 4},
+        {1: 1, 2: 1},
+        completions=300,
+        serve_seconds=0.02,
+        think_seconds=0.005,
+    )
+    assert _share(served, 2) == pytest.approx(0.5, abs=0.06)
+
+
+async def test_a_held_slot_goes_to_others_when_its_tenant_does_not_return() -> None:
+    await _pool({"r1": 1})
+    adm = Admission()
+    await adm.admit(
+        pool=POOL,
+        rid="b1",
+        tenant=2,
+        weight=1,
+        prompt_estimate=5,
+        prefix="",
+        wait_seconds=5,
+        limit_keys=(),
+    )
+    flood = asyncio.create_task(
+        adm.admit(
+            pool=POOL,
+            rid="a1",
+            tenant=1,
+            weight=1,
+            prompt_estimate=5000,
+            prefix="",
+            wait_seconds=5,
+            limit_keys=(),
+        )
+    )
+    await asyncio.sleep(0.05)
+    await adm.complete(pool=POOL, rid="b1", adjustment=0)  # tenant 2 is owed: slot held
+    assert await redis_async().zcard(BASE + "holds") == 1
+    started = asyncio.get_running_loop().time()
+    assert await flood == "r1"  # ... until the hold expires
+    waited = asyncio.get_running_loop().time() - started
+    assert admission_module.HOLD_MS / 1000 * 0.8 <= waited < 2
+    assert await redis_async().zcard(BASE + "holds") == 0
 
 
 async def test_vtc_is_global_across_processes() -> None:
