@@ -380,7 +380,7 @@ def test_concurrency_limit_refuses_at_once(world: World) -> None:
     stream = client.chat.completions.create(
         model="tiny-chat",
         messages=CHAT,
-        max_tokens=400,
+        max_tokens=900,  # long enough to still run when the second request comes
         stream=True,
         extra_body={"ignore_eos": True},
     )
@@ -406,14 +406,17 @@ def _succeeds(client: openai.OpenAI) -> bool:
 def test_monthly_token_budget_trips_with_insufficient_quota(world: World) -> None:
     tenant, key = world.tenant(monthly_token_budget=60)
     client = world.stack.openai(key)
+    served = 0
     with pytest.raises(openai.RateLimitError) as err:
         for _ in range(10):
             client.chat.completions.create(
                 model="tiny-chat", messages=CHAT, max_tokens=20, extra_body={"ignore_eos": True}
             )
+            served += 1
     assert err.value.code == "insufficient_quota"
     assert err.value.type == "insufficient_quota"
-    records = wait_for(lambda: world.records(tenant=tenant), timeout=30)
+    wait_for(lambda: len(world.records(tenant=tenant)) == served, timeout=30)
+    records = world.records(tenant=tenant)
     used = sum(r.prompt_tokens + r.completion_tokens for r in records)
     assert 60 <= used < 60 + 20 + 20  # stopped by the first request past the budget
 
