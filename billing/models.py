@@ -54,3 +54,192 @@ class UsageRecord(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+class Price(models.Model):
+    """What a model costs, per 1M tokens in US dollars, from ``effective_from`` on.
+
+    A price per 1M tokens in dollars is also the price of one token in micro-dollars, the
+    unit of the ledger. ``tenant`` set makes it that tenant's contract price, which wins
+    over the list price (tenant blank) in force at the same moment. Rows are never edited
+    once in force: a new price is a new row, so a change never rewrites history.
+    """
+
+    model = models.ForeignKey("inference.Model", on_delete=models.PROTECT, related_name="prices")
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="Blank: the list price. Set: this tenant's contract price.",
+    )
+    input_per_mtok = models.DecimalField(max_digits=14, decimal_places=6)
+    cached_input_per_mtok = models.DecimalField(max_digits=14, decimal_places=6)
+    output_per_mtok = models.DecimalField(max_digits=14, decimal_places=6)
+    batch_discount_percent = models.DecimalField(
+        max_digits=5, decimal_places=2, default=0, help_text="Off every batch-mode token."
+    )
+    effective_from = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model", "tenant", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model", "tenant", "effective_from"], name="price_unique_start"
+            ),
+            models.UniqueConstraint(
+                fields=["model", "effective_from"],
+                condition=models.Q(tenant__isnull=True),
+                name="list_price_unique_start",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(input_per_mtok__gte=0)
+                & models.Q(cached_input_per_mtok__gte=0)
+                & models.Q(output_per_mtok__gte=0)
+                & models.Q(batch_discount_percent__gte=0)
+                & models.Q(batch_discount_percent__lte=100),
+                name="price_not_negative",
+                violation_error_message=(
+                    "Prices cannot be negative, and the batch discount must be 0-100 percent."
+                ),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        who = f" for {self.tenant_id}" if self.tenant_id else ""
+        return f"{self.model_id}{who} from {self.effective_from:%Y-%m-%d %H:%M}"
+
+
+class DailyUsage(models.Model):
+    """The ledger summed per UTC day, tenant, key, model, adapter and mode.
+
+    A pure function of the ledger: a (tenant, day) is recomputed whole from its records
+    whenever records for it are written, so replays and late records cannot skew it.
+    Every dashboard and usage API read comes from here.
+    """
+
+    day = models.DateField()
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    api_key = models.ForeignKey(
+        "tenants.ApiKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    model = models.CharField(max_length=200)
+    adapter = models.CharField(max_length=200, blank=True)
+    mode = models.CharField(max_length=8, choices=UsageRecord.Mode.choices)
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    cached_tokens = models.PositiveBigIntegerField(default=0)
+    cost_micros = models.BigIntegerField(default=0)
+    unpriced = models.PositiveIntegerField(
+        default=0, help_text="Records with no price in force (cost counted as 0)."
+    )
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "day"], name="daily_tenant_day")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.tenant_id} {self.model} {self.mode}"
+
+
+class BillingAccount(models.Model):
+    """A tenant's identity at the payment processor (one Stripe customer per tenant)."""
+
+    tenant = models.OneToOneField(
+        "tenants.Tenant", on_delete=models.CASCADE, related_name="billing_account"
+    )
+    stripe_customer_id = models.CharField(max_length=64, blank=True)
+    email = models.EmailField(blank=True)
+    currency = models.CharField(max_length=3, default="usd")
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.stripe_customer_id or 'no customer yet'}"
+
+
+class Invoice(models.Model):
+    """One tenant's usage for one calendar month (UTC), with a line per model and mode.
+
+    Rounding rule: each line's amount is the sum of its records' costs (micro-dollars)
+    rounded once, half up, to whole cents; the total is the sum of the line amounts.
+    """
+
+    class Status(models.TextChoices):
+        DRAFT = "draft", "Draft"
+        FINALIZED = "finalized", "Finalized"
+        PAID = "paid", "Paid"
+        VOID = "void", "Void"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="+")
+    period_start = models.DateField(help_text="The first day of the month billed.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.DRAFT)
+    currency = models.CharField(max_length=3, default="usd")
+    total_cents = models.BigIntegerField(default=0)
+    cost_micros = models.BigIntegerField(default=0, help_text="Unrounded sum of the lines.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    finalized_at = models.DateTimeField(null=True, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    voided_at = models.DateTimeField(null=True, blank=True)
+    payment_failed_at = models.DateTimeField(null=True, blank=True)
+    refunded_cents = models.BigIntegerField(default=0)
+    disputed = models.BooleanField(default=False)
+    stripe_invoice_id = models.CharField(max_length=64, blank=True)
+    stripe_status = models.CharField(max_length=32, blank=True)
+    stripe_hosted_url = models.URLField(max_length=500, blank=True)
+    stripe_charge_id = models.CharField(max_length=64, blank=True, db_index=True)
+    # The Stripe event time that last changed this invoice's payment state: an older event
+    # arriving late (Stripe does not promise order) must not undo a newer one.
+    stripe_state_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-period_start", "tenant"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "period_start"], name="invoice_per_month")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.period_start:%Y-%m} ({self.status})"
+
+
+class InvoiceLine(models.Model):
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
+    model = models.CharField(max_length=200)
+    mode = models.CharField(max_length=8, choices=UsageRecord.Mode.choices)
+    requests = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    cached_tokens = models.PositiveBigIntegerField(default=0)
+    cost_micros = models.BigIntegerField(default=0)
+    amount_cents = models.BigIntegerField(default=0)
+    unpriced = models.PositiveBigIntegerField(default=0)
+    stripe_invoice_item_id = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["model", "mode"]
+        constraints = [
+            models.UniqueConstraint(fields=["invoice", "model", "mode"], name="line_per_item")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model}, {self.mode}"
+
+    @property
+    def description(self) -> str:
+        return (
+            f"{self.model} ({self.mode}): {self.prompt_tokens:,} input, "
+            f"{self.cached_tokens:,} of them cached, {self.completion_tokens:,} output tokens"
+        )
+
+
+class StripeEvent(models.Model):
+    """Webhook events already applied (Stripe delivers at least once)."""
+
+    event_id = models.CharField(max_length=255, unique=True)
+    type = models.CharField(max_length=100)
+    created = models.DateTimeField()
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.event_id}"

@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any, cast
 
 import orjson
+from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
 
-from billing.models import UsageRecord
+from billing.models import DailyUsage, Price, UsageRecord
+from billing.pricing import PriceBook
 from controlplane.redis import redis_sync
-from tenants.models import ApiKey, Tenant
+from inference.api.limits import BUDGET_WARNINGS
+from inference.catalog import catalog_publish
+from inference.models import Model
+from tenants.models import ApiKey, AuditEvent, Tenant, User
+from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
 
 USAGE_SPOOL = "ip:usage:spool"
+ROLLUP_DIRTY = "ip:usage:dirty"  # set of "tenant_id:YYYY-MM-DD" whose rollups are stale
 FLUSH_LOCK = "ip:usage:flush-lock"
 FLUSH_BATCH = 2000
 
@@ -52,8 +62,17 @@ def usage_records_insert(records: Iterable[dict[str, Any]]) -> int:
             valid.append(row)
         else:
             log.error("usage record names an unknown tenant or key, dropped: %s", row.request_id)
+    # Costs are fixed here, with the price in force when each request started; a record's
+    # cost is never recomputed afterwards.
+    book = PriceBook.for_models(r.model for r in valid)
+    for row in valid:
+        if row.cost_micros is None:
+            row.cost_micros = book.cost_micros(row)
     with transaction.atomic():
         UsageRecord.objects.bulk_create(valid, ignore_conflicts=True, batch_size=500)
+        stale = {f"{r.tenant_id}:{r.started_at.astimezone(UTC).date()}" for r in valid}
+        if stale:
+            transaction.on_commit(lambda: redis_sync().sadd(ROLLUP_DIRTY, *stale))
     return len(valid)
 
 
@@ -76,3 +95,173 @@ def usage_spool_flush(*, max_batches: int = 50) -> int:
     finally:
         client.delete(FLUSH_LOCK)
     return moved
+
+
+# --- Rollups ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def daily_usage_refresh(*, tenant_id: int, day: date) -> int:
+    """Recompute one tenant's rollup rows for one UTC day from the ledger (exact, idempotent)."""
+    start = datetime.combine(day, time.min, tzinfo=UTC)
+    groups = (
+        UsageRecord.objects.filter(
+            tenant_id=tenant_id, started_at__gte=start, started_at__lt=start + timedelta(days=1)
+        )
+        .values("api_key_id", "model", "adapter", "mode")
+        .annotate(
+            n=Count("id"),
+            errors=Count("id", filter=Q(status=UsageRecord.Status.ERROR)),
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens"),
+            cached=Sum("cached_tokens"),
+            cost=Sum("cost_micros"),
+            unpriced=Count("id", filter=Q(cost_micros__isnull=True)),
+        )
+        .order_by()
+    )
+    rows = [
+        DailyUsage(
+            day=day,
+            tenant_id=tenant_id,
+            api_key_id=g["api_key_id"],
+            model=g["model"],
+            adapter=g["adapter"],
+            mode=g["mode"],
+            requests=g["n"],
+            errors=g["errors"],
+            prompt_tokens=g["prompt"] or 0,
+            completion_tokens=g["completion"] or 0,
+            cached_tokens=g["cached"] or 0,
+            cost_micros=g["cost"] or 0,
+            unpriced=g["unpriced"],
+        )
+        for g in groups
+    ]
+    DailyUsage.objects.filter(tenant_id=tenant_id, day=day).delete()
+    DailyUsage.objects.bulk_create(rows)
+    return len(rows)
+
+
+def daily_usage_refresh_stale(*, limit: int = 500) -> int:
+    """Refresh the rollups of (tenant, day) pairs that got new records. A pair that fails
+    goes back into the set for the next run."""
+    client = redis_sync()
+    pairs = cast(list[bytes], client.spop(ROLLUP_DIRTY, limit) or [])
+    done = 0
+    for raw in pairs:
+        tenant_id, day = raw.decode().split(":")
+        try:
+            daily_usage_refresh(tenant_id=int(tenant_id), day=date.fromisoformat(day))
+            done += 1
+        except Exception:
+            client.sadd(ROLLUP_DIRTY, raw)
+            raise
+    return done
+
+
+# --- Prices ----------------------------------------------------------------------------------
+
+
+def price_set(
+    *,
+    model: Model,
+    input_per_mtok: Decimal,
+    cached_input_per_mtok: Decimal | None = None,
+    output_per_mtok: Decimal,
+    batch_discount_percent: Decimal = Decimal(0),
+    effective_from: datetime | None = None,
+    tenant: Tenant | None = None,
+    actor: User | None,
+) -> Price:
+    """Add a price from ``effective_from`` on (default: now). The past is never repriced: a
+    price can only start now or later, and one already in force is never edited."""
+    now = timezone.now()
+    effective_from = effective_from or now
+    if effective_from < now - timedelta(minutes=1):
+        raise ValidationError(
+            {
+                "effective_from": "A price cannot start in the past: usage already written keeps "
+                "the price it was charged at."
+            }
+        )
+    price = Price(
+        model=model,
+        tenant=tenant,
+        input_per_mtok=input_per_mtok,
+        cached_input_per_mtok=(
+            input_per_mtok if cached_input_per_mtok is None else cached_input_per_mtok
+        ),
+        output_per_mtok=output_per_mtok,
+        batch_discount_percent=batch_discount_percent,
+        effective_from=effective_from,
+    )
+    price.full_clean()
+    with transaction.atomic():
+        price.save()
+        audit_record(
+            actor=actor,
+            tenant=tenant,
+            action="price.set",
+            target=price,
+            details={
+                "model": model.name,
+                "input_per_mtok": str(price.input_per_mtok),
+                "cached_input_per_mtok": str(price.cached_input_per_mtok),
+                "output_per_mtok": str(price.output_per_mtok),
+                "batch_discount_percent": str(price.batch_discount_percent),
+                "effective_from": price.effective_from.isoformat(),
+            },
+        )
+        transaction.on_commit(catalog_publish)  # the gateway counts spend with it
+    return price
+
+
+# --- Budget warnings -------------------------------------------------------------------------
+
+
+def budget_warnings_flush(*, max_items: int = 500) -> int:
+    """Turn the gateway's "80% of a monthly budget used" notices into audit events, once per
+    tenant or key, budget kind and month (a notice repeated after a Redis restart is not)."""
+    client = redis_sync()
+    items = cast(list[bytes], client.lpop(BUDGET_WARNINGS, max_items) or [])
+    written = 0
+    for raw in items:
+        try:
+            kind, scope, ident, month, used, limit = raw.decode().split("|")
+            target: Tenant | ApiKey
+            if scope == "t":
+                target = Tenant.objects.get(pk=int(ident))
+                tenant = target
+            else:
+                target = ApiKey.objects.select_related("tenant").get(pk=int(ident))
+                tenant = target.tenant
+        except (ValueError, Tenant.DoesNotExist, ApiKey.DoesNotExist):
+            log.error("malformed or orphaned budget warning dropped: %r", raw)
+            continue
+        month_label = f"{month[:4]}-{month[4:]}"
+        seen = AuditEvent.objects.filter(
+            tenant=tenant,
+            action="budget.warning",
+            target_type=type(target).__name__.lower(),
+            target_id=str(target.pk),
+            details__kind=kind,
+            details__month=month_label,
+        )
+        if seen.exists():
+            continue
+        audit_record(
+            actor=None,
+            tenant=tenant,
+            action="budget.warning",
+            target=target,
+            details={
+                "kind": kind,  # "tokens" or "spend" (micro-dollars)
+                "month": month_label,
+                "used": int(used),
+                "limit": int(limit),
+                "percent": round(100 * int(used) / int(limit), 1),
+            },
+        )
+        written += 1
+    return written

@@ -1,8 +1,54 @@
-from celery import shared_task
+import logging
+from datetime import timedelta
 
-from billing.services import usage_spool_flush
+from celery import shared_task
+from django.utils import timezone
+
+from billing.invoicing import invoices_finalize_month
+from billing.services import budget_warnings_flush, daily_usage_refresh_stale, usage_spool_flush
+from billing.stripe_sync import StripeNotConfigured, invoice_stripe_push, invoice_stripe_void
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=True)
 def usage_spool_flush_task() -> int:
     return usage_spool_flush()
+
+
+@shared_task(ignore_result=True)
+def daily_usage_refresh_task() -> int:
+    return daily_usage_refresh_stale()
+
+
+@shared_task(ignore_result=True)
+def budget_warnings_flush_task() -> int:
+    return budget_warnings_flush()
+
+
+@shared_task(
+    ignore_result=True,
+    autoretry_for=(Exception,),
+    retry_backoff=30,
+    retry_backoff_max=3600,
+    max_retries=12,
+)
+def invoice_stripe_push_task(invoice_id: int) -> None:
+    try:
+        invoice_stripe_push(invoice_id=invoice_id)
+    except StripeNotConfigured:
+        log.warning("invoice %s finalized; not sent: STRIPE_SECRET_KEY is not set", invoice_id)
+
+
+@shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=30, max_retries=12)
+def invoice_stripe_void_task(invoice_id: int) -> None:
+    try:
+        invoice_stripe_void(invoice_id=invoice_id)
+    except StripeNotConfigured:
+        log.warning("invoice %s voided; not at Stripe: STRIPE_SECRET_KEY is not set", invoice_id)
+
+
+@shared_task(ignore_result=True)
+def invoices_finalize_last_month_task() -> int:
+    last_month = (timezone.now().date().replace(day=1) - timedelta(days=1)).replace(day=1)
+    return invoices_finalize_month(period_start=last_month)

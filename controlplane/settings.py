@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import django_stubs_ext
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.env import (
@@ -153,6 +154,13 @@ CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+# --- Stripe --------------------------------------------------------------------------------
+# Unset: invoices are still computed and finalized, but nothing is sent to Stripe and the
+# webhook refuses every call.
+STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY", "")
+STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
+INVOICE_DAYS_UNTIL_DUE = env_int("INFERPLANE_INVOICE_DAYS_UNTIL_DUE", 30, minimum=1)
+
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "probe-replicas": {
         "task": "inference.tasks.replicas_probe_all",
@@ -163,6 +171,23 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "billing.tasks.usage_spool_flush_task",
         "schedule": 1.0,
         "options": {"expires": 5},
+    },
+    # "80% of a monthly budget used" notices from the gateway, into the audit log.
+    "budget-warnings": {
+        "task": "billing.tasks.budget_warnings_flush_task",
+        "schedule": 5.0,
+        "options": {"expires": 30},
+    },
+    # Rollups of the (tenant, day) pairs that got new records since the last run.
+    "refresh-daily-usage": {
+        "task": "billing.tasks.daily_usage_refresh_task",
+        "schedule": 10.0,
+        "options": {"expires": 30},
+    },
+    # Last month's invoices, on the first of the month (UTC) once its usage has landed.
+    "finalize-invoices": {
+        "task": "billing.tasks.invoices_finalize_last_month_task",
+        "schedule": crontab(minute=30, hour=0, day_of_month=1),
     },
     "flush-key-last-used": {
         "task": "tenants.tasks.api_keys_last_used_flush",

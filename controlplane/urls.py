@@ -17,6 +17,7 @@ api_patterns = [
     path("auth/token/revoke-all/", auth_apis.TokenRevokeAllApi.as_view(), name="token-revoke-all"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("", include("billing.urls")),
     path("", include("tenants.urls")),
 ]
 

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import orjson
+from django.utils import timezone
 
 from controlplane.redis import redis_sync
 from inference.models import Model, Pool, Replica
@@ -26,6 +27,9 @@ def pool_prefix(pool: str) -> str:
 
 
 def catalog_build() -> dict[str, Any]:
+    from billing.pricing import prices_for_catalog
+
+    prices = prices_for_catalog(at=timezone.now())
     models: dict[str, Any] = {}
     for model in Model.objects.prefetch_related("allowed_tenants").order_by("name"):
         models[model.name] = {
@@ -37,6 +41,7 @@ def catalog_build() -> dict[str, Any]:
             "created": int(model.created_at.timestamp()),
             "online_pool": None,
             "batch_pool": None,
+            "prices": prices.get(model.name, {}),
         }
     pools: dict[str, Any] = {}
     for pool in Pool.objects.select_related("model").prefetch_related("replicas").order_by("name"):

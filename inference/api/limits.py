@@ -3,7 +3,10 @@
 RPM and TPM are token buckets refilled continuously over a minute; TPM takes an estimate
 (prompt estimate + max_tokens) at admission and is corrected with the engine's count when
 the request ends. Concurrency is a sorted set of leases (so a crashed process's slots come
-back). The monthly token budget is a counter seeded from the ledger when Redis lacks it.
+back). The monthly token and spend budgets are counters seeded from the ledger when Redis
+lacks them; a request is refused once a budget is used up (the one that crosses it is
+served), and crossing 80% of a budget queues a warning (BUDGET_WARNINGS) that a Celery task
+turns into an audit event.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from inference.api.redis import redis_async
 
 LEASE_MS = 20_000
 LAST_USED = "ip:key_last_used"
+BUDGET_WARNINGS = "ip:budget:warnings"  # "kind|t or k|id|YYYYMM|used|limit" per crossing
 
 _PRELUDE = """
 local t = redis.call('TIME')
@@ -43,8 +47,9 @@ local function store(key, tokens, limit)
 end
 """
 
-# KEYS: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month last_used
+# KEYS: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month last_used t_spend k_spend
 # ARGV: rid est lease_ms prefix, limits: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month
+#       t_spend k_spend
 # Returns {status, reason, retry_ms, req_lim, req_rem, req_reset, tok_lim, tok_rem, tok_reset}
 # status 1 = taken, 0 = refused, 2 = a monthly counter must be seeded first.
 ACQUIRE = (
@@ -52,7 +57,7 @@ ACQUIRE = (
     + """
 local rid, est, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local L = {}
-for i = 5, 12 do L[i - 4] = tonumber(ARGV[i]) end
+for i = 5, 14 do L[i - 4] = tonumber(ARGV[i]) end
 local function conc_full(key, limit)
   if limit <= 0 then return false end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
@@ -61,12 +66,14 @@ end
 if conc_full(KEYS[7], L[7]) or conc_full(KEYS[3], L[3]) then
   return {0, 'concurrency', 1000, 0, 0, 0, 0, 0, 0}
 end
-for _, b in ipairs({{8, 8, 'seed_k'}, {4, 4, 'seed_t'}}) do
+local budgets = {{8, 8, 'seed_k', 'budget'}, {4, 4, 'seed_t', 'budget'},
+  {11, 10, 'seed_ks', 'spend'}, {10, 9, 'seed_ts', 'spend'}}
+for _, b in ipairs(budgets) do
   local limit = L[b[2]]
   if limit > 0 then
     local used = redis.call('GET', KEYS[b[1]])
     if not used then return {2, b[3], 0, 0, 0, 0, 0, 0, 0} end
-    if tonumber(used) >= limit then return {0, 'budget', 0, 0, 0, 0, 0, 0, 0} end
+    if tonumber(used) >= limit then return {0, b[4], 0, 0, 0, 0, 0, 0, 0} end
   end
 end
 -- {key index, limit index, tokens needed, kind}
@@ -115,11 +122,21 @@ return {1, 'ok', 0, report[1], report[2], report[3], report[4], report[5], repor
 """
 )
 
-# KEYS: t_tpm t_conc t_month k_tpm k_conc k_month   ARGV: rid est actual t_tpm_lim k_tpm_lim
+# KEYS: t_tpm t_conc t_month k_tpm k_conc k_month t_spend k_spend warnings
+# ARGV: rid est actual t_tpm_lim k_tpm_lim cost t_month_lim k_month_lim t_spend_lim
+#       k_spend_lim tenant_id key_id month
 RELEASE = (
     _PRELUDE
     + """
 local rid, est, actual = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local function add(key, amount, limit, kind, scope, id)
+  if amount <= 0 or redis.call('EXISTS', key) == 0 then return end
+  local after = redis.call('INCRBY', key, amount)
+  local before = after - amount
+  if limit > 0 and before * 5 < limit * 4 and after * 5 >= limit * 4 then
+    redis.call('RPUSH', KEYS[9], table.concat({kind, scope, id, ARGV[13], after, limit}, '|'))
+  end
+end
 redis.call('ZREM', KEYS[2], rid)
 redis.call('ZREM', KEYS[5], rid)
 for _, b in ipairs({{1, 4}, {4, 5}}) do
@@ -130,9 +147,11 @@ for _, b in ipairs({{1, 4}, {4, 5}}) do
     store(KEYS[b[1]], left, limit)
   end
 end
-for _, m in ipairs({3, 6}) do
-  if redis.call('EXISTS', KEYS[m]) == 1 then redis.call('INCRBY', KEYS[m], actual) end
-end
+local cost = tonumber(ARGV[6])
+add(KEYS[3], actual, tonumber(ARGV[7]), 'tokens', 't', ARGV[11])
+add(KEYS[6], actual, tonumber(ARGV[8]), 'tokens', 'k', ARGV[12])
+add(KEYS[7], cost, tonumber(ARGV[9]), 'spend', 't', ARGV[11])
+add(KEYS[8], cost, tonumber(ARGV[10]), 'spend', 'k', ARGV[12])
 return 1
 """
 )
@@ -160,19 +179,23 @@ class Grant:
     month: str
     conc_keys: tuple[str, ...]
 
-    def _release_args(self, actual_tokens: int) -> tuple[list[str], list[Any]]:
-        t, k = _scopes(self.key, self.month)
+    def _release_args(self, actual_tokens: int, cost: int) -> tuple[list[str], list[Any]]:
+        key = self.key
+        t, k = _scopes(key, self.month)
         keys = [t["tpm"], t["conc"], t["month"], k["tpm"], k["conc"], k["month"]]
-        limits = [self.key.tenant_limits[1], self.key.key_limits[1]]
-        return keys, [self.rid, self.estimate, actual_tokens, *limits]
+        keys += [t["spend"], k["spend"], BUDGET_WARNINGS]
+        tl, kl = key.tenant_limits, key.key_limits
+        args = [self.rid, self.estimate, actual_tokens, tl[1], kl[1], cost, tl[4], kl[4]]
+        return keys, [*args, tl[5], kl[5], key.tenant_id, key.key_id, self.month]
 
-    async def release(self, actual_tokens: int) -> None:
-        """Give back the estimate's excess (or take the shortfall) and the concurrency slot."""
-        keys, args = self._release_args(actual_tokens)
+    async def release(self, actual_tokens: int, cost_micros: int = 0) -> None:
+        """Give back the estimate's excess (or take the shortfall) and the concurrency slot;
+        count the tokens and the spend against the monthly budgets."""
+        keys, args = self._release_args(actual_tokens, cost_micros)
         await script(RELEASE)(keys=keys, args=args)
 
-    def release_into(self, pipe: Pipeline, actual_tokens: int) -> None:
-        keys, args = self._release_args(actual_tokens)
+    def release_into(self, pipe: Pipeline, actual_tokens: int, cost_micros: int = 0) -> None:
+        keys, args = self._release_args(actual_tokens, cost_micros)
         run_into(pipe, RELEASE, keys, args)
 
 
@@ -180,8 +203,20 @@ def _scopes(key: KeyInfo, month: str) -> tuple[dict[str, str], dict[str, str]]:
     t = f"ip:rl:t:{key.tenant_id}:"
     k = f"ip:rl:k:{key.key_id}:"
     return (
-        {"rpm": t + "rpm", "tpm": t + "tpm", "conc": t + "conc", "month": f"{t}m:{month}"},
-        {"rpm": k + "rpm", "tpm": k + "tpm", "conc": k + "conc", "month": f"{k}m:{month}"},
+        {
+            "rpm": t + "rpm",
+            "tpm": t + "tpm",
+            "conc": t + "conc",
+            "month": f"{t}m:{month}",
+            "spend": f"{t}s:{month}",
+        },
+        {
+            "rpm": k + "rpm",
+            "tpm": k + "tpm",
+            "conc": k + "conc",
+            "month": f"{k}m:{month}",
+            "spend": f"{k}s:{month}",
+        },
     )
 
 
@@ -214,7 +249,7 @@ def _headers(values: list[int]) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def _month_used_from_db(key: KeyInfo, per_key: bool, month: str) -> int:
+def _month_used_from_db(key: KeyInfo, per_key: bool, month: str, spend: bool) -> int:
     from billing.models import UsageRecord
 
     start = datetime(int(month[:4]), int(month[4:]), 1, tzinfo=UTC)
@@ -223,7 +258,10 @@ def _month_used_from_db(key: KeyInfo, per_key: bool, month: str) -> int:
         records = UsageRecord.objects.filter(tenant_id=key.tenant_id, started_at__gte=start)
         if per_key:
             records = records.filter(api_key_id=key.key_id)
-        total = records.aggregate(n=Sum(F("prompt_tokens") + F("completion_tokens")))["n"]
+        if spend:
+            total = records.aggregate(n=Sum("cost_micros"))["n"]
+        else:
+            total = records.aggregate(n=Sum(F("prompt_tokens") + F("completion_tokens")))["n"]
         return int(total or 0)
     finally:
         close_old_connections()
@@ -235,7 +273,7 @@ async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
     t, k = _scopes(key, month)
     tl, kl = key.tenant_limits, key.key_limits
     # LIMIT_NAMES order: rpm, tpm, max_concurrency, max_tokens_per_request, monthly tokens, spend
-    limits = [tl[0], tl[1], tl[2], tl[4], kl[0], kl[1], kl[2], kl[4]]
+    limits = [tl[0], tl[1], tl[2], tl[4], kl[0], kl[1], kl[2], kl[4], tl[5], kl[5]]
     for _ in range(3):
         result = await script(ACQUIRE)(
             keys=[
@@ -248,16 +286,21 @@ async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
                 k["conc"],
                 k["month"],
                 LAST_USED,
+                t["spend"],
+                k["spend"],
             ],
             args=[rid, estimate, LEASE_MS, key.prefix, *limits],
         )
         status, reason = int(result[0]), result[1].decode()
         if status != 2:
             break
-        per_key = reason == "seed_k"
-        used = await sync_to_async(_month_used_from_db)(key, per_key, month)
+        per_key, spend = reason.startswith("seed_k"), reason.endswith("s")
+        used = await sync_to_async(_month_used_from_db)(key, per_key, month, spend)
         await redis_async().set(
-            (k if per_key else t)["month"], used, nx=True, ex=_seconds_to_next_month() + 86400
+            (k if per_key else t)["spend" if spend else "month"],
+            used,
+            nx=True,
+            ex=_seconds_to_next_month() + 86400,
         )
     values = [int(v) for v in result[3:]]
     headers = _headers(values)
@@ -277,6 +320,14 @@ async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
         raise ApiError(
             429,
             "You exceeded your monthly token budget. Ask your tenant admin to raise it.",
+            type="insufficient_quota",
+            code="insufficient_quota",
+            headers=extra,
+        )
+    if reason == "spend":
+        raise ApiError(
+            429,
+            "You exceeded your monthly spend budget. Ask your tenant admin to raise it.",
             type="insufficient_quota",
             code="insufficient_quota",
             headers=extra,

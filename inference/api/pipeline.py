@@ -15,12 +15,14 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import aiohttp
 import orjson
 from redis.exceptions import NoScriptError, RedisError
 
+from billing.pricing import cost_micros, rates_in_force
 from inference.api import limits, metering
 from inference.api.admission import W_IN, W_OUT, CatalogMissing, admission
 from inference.api.auth import KeyInfo, authenticate
@@ -77,6 +79,7 @@ class Call:
     status: str = "ok"
     error: str = ""
     finished: bool = field(default=False)
+    rates: list[Any] | None = None  # the price in force at the start (catalog row)
 
     def usage(self) -> dict[str, Any]:
         return {
@@ -137,6 +140,9 @@ async def prepare(*, authorization: str, raw_body: bytes, endpoint: str) -> Call
         started_at=started_at,
         t0=t0,
         headers=[(b"x-request-id", rid.encode()), *grant.headers],
+        rates=rates_in_force(
+            model.get("prices"), tenant_id=key.tenant_id, at=started_at.timestamp()
+        ),
     )
 
 
@@ -389,25 +395,44 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         "finished_at": finished_at.isoformat(),
     }
     tokens = call.prompt_tokens + call.completion_tokens
+    cost = _cost(call)
     try:
         # Slot, limits and ledger in one round trip.
         pipe = redis_async().pipeline(transaction=False)
         if call.replica:
             admission().complete_into(pipe, pool=call.pool, rid=call.rid, adjustment=adjustment)
-        call.grant.release_into(pipe, tokens)
+        call.grant.release_into(pipe, tokens, cost)
         metering.spool_into(pipe, record)
         await pipe.execute()
     except NoScriptError:  # Redis restarted since the scripts were loaded: one by one
         try:
             if call.replica:
                 await admission().complete(pool=call.pool, rid=call.rid, adjustment=adjustment)
-            await call.grant.release(tokens)
+            await call.grant.release(tokens, cost)
             await metering.spool(record)
         except RedisError:
             await metering.store_directly(record)
     except RedisError:
         log.warning("could not release admission/limits of %s", call.rid, exc_info=True)
         await metering.store_directly(record)
+
+
+def _cost(call: Call) -> int:
+    """What the call costs at the catalog's price, for the spend budgets (the ledger fixes
+    the billed cost itself, with the same arithmetic)."""
+    if not call.rates:
+        return 0
+    _, input_rate, cached_rate, output_rate, discount = call.rates
+    return cost_micros(
+        input_per_mtok=Decimal(input_rate),
+        cached_input_per_mtok=Decimal(cached_rate),
+        output_per_mtok=Decimal(output_rate),
+        batch_discount_percent=Decimal(discount),
+        batch=False,
+        prompt_tokens=call.prompt_tokens,
+        cached_tokens=call.cached_tokens,
+        completion_tokens=call.completion_tokens,
+    )
 
 
 def aggregate(call: Call, chunks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -13,10 +15,10 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from billing.models import UsageRecord
+from billing.models import Price, UsageRecord
 from inference.catalog import catalog_publish
 from inference.models import Model, Pool
-from tenants.models import ApiKey
+from tenants.models import ApiKey, AuditEvent
 from tenants.services import api_key_revoke, tenant_update
 from tests.live import settled_counters, wait_for
 from tests.serving import World
@@ -419,6 +421,46 @@ def test_monthly_token_budget_trips_with_insufficient_quota(world: World) -> Non
     records = world.records(tenant=tenant)
     used = sum(r.prompt_tokens + r.completion_tokens for r in records)
     assert 60 <= used < 60 + 20 + 20  # stopped by the first request past the budget
+
+
+def test_monthly_spend_budget_trips_at_the_right_request_and_warns_at_80_percent(
+    world: World,
+) -> None:
+    # $1,000 per 1M tokens = 1,000 micro-dollars a token: each request below costs ~34,000.
+    model = Model.objects.get(name="tiny-chat")
+    Price.objects.create(
+        model=model,
+        input_per_mtok=Decimal(1000),
+        cached_input_per_mtok=Decimal(1000),
+        output_per_mtok=Decimal(1000),
+        effective_from=datetime.now(UTC) - timedelta(days=1),
+    )
+    catalog_publish()
+    tenant, key = world.tenant(monthly_spend_budget_micros=60_000)
+    client = world.stack.openai(key)
+    served = 0
+    with pytest.raises(openai.RateLimitError) as err:
+        for _ in range(10):
+            client.chat.completions.create(
+                model="tiny-chat", messages=CHAT, max_tokens=20, extra_body={"ignore_eos": True}
+            )
+            served += 1
+    assert err.value.code == "insufficient_quota"
+    assert "spend budget" in err.value.message
+    wait_for(lambda: len(world.records(tenant=tenant)) == served, timeout=30)
+    costs = [r.cost_micros or 0 for r in world.records(tenant=tenant)]
+    # Served until the budget was used up, refused from the first request after that.
+    assert sum(costs) >= 60_000 > sum(costs[:-1])
+    assert all(
+        c == (r.prompt_tokens + r.completion_tokens) * 1000
+        for c, r in zip(costs, world.records(tenant=tenant), strict=True)
+    )
+    warning = wait_for(
+        lambda: AuditEvent.objects.filter(tenant=tenant, action="budget.warning").first(),
+        timeout=30,
+    )
+    assert warning.details["kind"] == "spend" and warning.details["limit"] == 60_000
+    assert warning.details["used"] >= 48_000
 
 
 # --- Disconnects and metering ----------------------------------------------------------------

@@ -1,30 +1,14 @@
 import contextlib
 import csv
 from datetime import UTC, date, datetime, time, timedelta
-from decimal import Decimal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from billing.exports import USAGE_HEADER, usage_row
 from billing.selectors import usage_records_for_export
-from tenants.keys import KEY_TAG
 from tenants.models import Tenant
 from tenants.selectors import tenant_get_by_slug
-
-HEADER = [
-    "request_id",
-    "tenant",
-    "api_key",
-    "model",
-    "mode",
-    "status",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "cost_usd",
-    "started_at",
-    "finished_at",
-]
 
 
 def _day(value: str, option: str) -> date:
@@ -55,26 +39,11 @@ class Command(BaseCommand):
 
     def write_csv(self, tenant: Tenant, start: date, end: date) -> None:
         writer = csv.writer(self.stdout, lineterminator="\n")
-        writer.writerow(HEADER)
+        writer.writerow(USAGE_HEADER)
         records = usage_records_for_export(
             tenant=tenant,
             start=datetime.combine(start, time.min, tzinfo=UTC),
             end=datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC),
         )
         for r in records:
-            writer.writerow(
-                [
-                    r.request_id,
-                    tenant.slug,
-                    f"{KEY_TAG}{r.api_key.prefix}" if r.api_key else "",
-                    r.model,
-                    r.mode,
-                    r.status,
-                    r.prompt_tokens,
-                    r.completion_tokens,
-                    r.cached_tokens,
-                    "" if r.cost_micros is None else str(Decimal(r.cost_micros) / 1_000_000),
-                    r.started_at.isoformat(),
-                    r.finished_at.isoformat(),
-                ]
-            )
+            writer.writerow(usage_row(r, tenant.slug))

@@ -1,4 +1,5 @@
-"""Seed what ``make run`` needs: an admin, tenant ``demo`` with a key, the tiny model, pools.
+"""Seed what ``make run`` needs: an admin, tenant ``demo`` with a key, the tiny model, pools
+and a list price for it.
 
 Safe to re-run: existing rows are kept, and the demo key is re-issued only when the one
 saved in ``var/demo-api-key`` no longer works.
@@ -6,6 +7,7 @@ saved in ``var/demo-api-key`` no longer works.
 
 import os
 import secrets
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
+from billing.models import Price
+from billing.services import price_set
 from inference.services import model_ensure, pool_ensure
 from tenants.models import Membership, Role, Tenant, User
 from tenants.selectors import api_key_authenticate
@@ -62,4 +66,16 @@ class Command(BaseCommand):
             name="online", kind="dedicated", model=model, replica_urls=[options["online_url"]]
         )
         pool_ensure(name="batch", kind="spot", model=model, replica_urls=[options["batch_url"]])
-        self.stdout.write("Seeded admin, tenant demo, its API key, model and pools online, batch.")
+        if not Price.objects.filter(model=model, tenant=None).exists():
+            # A demo list price, so usage shows costs from the first request.
+            price_set(
+                model=model,
+                input_per_mtok=Decimal("0.15"),
+                cached_input_per_mtok=Decimal("0.075"),
+                output_per_mtok=Decimal("0.60"),
+                batch_discount_percent=Decimal(50),
+                actor=None,
+            )
+        self.stdout.write(
+            "Seeded admin, tenant demo, its API key, model, pools online and batch, a price."
+        )

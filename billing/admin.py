@@ -1,0 +1,96 @@
+"""Django admin for platform staff: the price book (add-only: history is never edited) and
+read-only views of the ledger and its rollups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.forms import ModelForm
+from django.http import HttpRequest
+
+from billing import services
+from billing.models import DailyUsage, Price, UsageRecord
+from tenants.models import User
+
+
+@admin.register(Price)
+class PriceAdmin(admin.ModelAdmin[Price]):
+    list_display = [
+        "model",
+        "tenant",
+        "input_per_mtok",
+        "cached_input_per_mtok",
+        "output_per_mtok",
+        "batch_discount_percent",
+        "effective_from",
+    ]
+    list_filter = ["model"]
+    search_fields = ["model__name", "tenant__slug"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a price in the book is history; a new price is a new row
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(
+        self, request: HttpRequest, obj: Price, form: ModelForm[Price], change: bool
+    ) -> None:
+        created = services.price_set(
+            model=obj.model,
+            tenant=obj.tenant,
+            input_per_mtok=obj.input_per_mtok,
+            cached_input_per_mtok=obj.cached_input_per_mtok,
+            output_per_mtok=obj.output_per_mtok,
+            batch_discount_percent=obj.batch_discount_percent,
+            effective_from=obj.effective_from,
+            actor=request.user if isinstance(request.user, User) else None,
+        )
+        obj.pk = created.pk
+
+
+class _ReadOnly(admin.ModelAdmin[Any]):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(_ReadOnly):
+    list_display = [
+        "request_id",
+        "tenant",
+        "model",
+        "mode",
+        "status",
+        "prompt_tokens",
+        "completion_tokens",
+        "cost_micros",
+        "started_at",
+    ]
+    list_filter = ["mode", "status"]
+    search_fields = ["request_id", "tenant__slug"]
+    date_hierarchy = "started_at"
+    show_full_result_count = False  # the ledger is large: no COUNT(*) per page
+
+
+@admin.register(DailyUsage)
+class DailyUsageAdmin(_ReadOnly):
+    list_display = [
+        "day",
+        "tenant",
+        "model",
+        "mode",
+        "requests",
+        "prompt_tokens",
+        "completion_tokens",
+        "cost_micros",
+    ]
+    list_filter = ["mode"]
+    search_fields = ["tenant__slug", "model"]

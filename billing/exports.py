@@ -1,0 +1,103 @@
+"""CSV shapes shared by the ``export_usage`` command and the finance API."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import AsyncIterator, Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from billing.models import InvoiceLine, UsageRecord
+from billing.pricing import micros_to_usd
+from billing.selectors import usage_record_pages
+from tenants.keys import KEY_TAG
+from tenants.models import Tenant
+
+USAGE_HEADER = [
+    "request_id",
+    "tenant",
+    "api_key",
+    "model",
+    "mode",
+    "status",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cost_usd",
+    "started_at",
+    "finished_at",
+]
+
+LINE_HEADER = [
+    "invoice_id",
+    "tenant",
+    "period",
+    "model",
+    "mode",
+    "requests",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "amount_usd",
+]
+
+
+def usage_row(r: UsageRecord, tenant_slug: str) -> list[Any]:
+    return [
+        r.request_id,
+        tenant_slug,
+        f"{KEY_TAG}{r.api_key.prefix}" if r.api_key else "",
+        r.model,
+        r.mode,
+        r.status,
+        r.prompt_tokens,
+        r.completion_tokens,
+        r.cached_tokens,
+        "" if r.cost_micros is None else micros_to_usd(r.cost_micros),
+        r.started_at.isoformat(),
+        r.finished_at.isoformat(),
+    ]
+
+
+def _csv(rows: Iterable[list[Any]]) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()
+
+
+async def usage_csv_stream(*, tenant: Tenant, start: datetime, end: datetime) -> AsyncIterator[str]:
+    """The usage CSV, one page of records per chunk, fetched as it is sent (flat memory)."""
+    yield _csv([USAGE_HEADER])
+    pages: Iterator[list[UsageRecord]] = usage_record_pages(tenant=tenant, start=start, end=end)
+
+    def next_page() -> list[UsageRecord] | None:
+        return next(pages, None)
+
+    while (page := await sync_to_async(next_page)()) is not None:
+        yield _csv(usage_row(r, tenant.slug) for r in page)
+
+
+def invoice_lines_csv(lines: Iterable[InvoiceLine], tenant_slug: str) -> str:
+    rows: list[list[Any]] = [LINE_HEADER]
+    for line in lines:
+        invoice = line.invoice
+        rows.append(
+            [
+                invoice.pk,
+                tenant_slug,
+                f"{invoice.period_start:%Y-%m}",
+                line.model,
+                line.mode,
+                line.requests,
+                line.prompt_tokens,
+                line.cached_tokens,
+                line.completion_tokens,
+                micros_to_usd(line.cost_micros),
+                f"{line.amount_cents // 100}.{line.amount_cents % 100:02d}",
+            ]
+        )
+    return _csv(rows)

@@ -1,0 +1,151 @@
+"""Prices and costs: the arithmetic of the ledger, in one place.
+
+Unit: a price per 1M tokens in dollars is the price of one token in micro-dollars, so a
+record's cost in micro-dollars is the sum of its token counts times the prices, as an
+exact ``Decimal``, rounded once (half up) to a whole micro-dollar. Prompt tokens served
+from the prefix cache are charged at the cached-input price, the rest at the input price.
+Batch-mode records get the price's batch discount on the whole amount before rounding.
+The price is the one in force when the request started: the tenant's contract price if it
+has one in force then, otherwise the list price.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from billing.models import Price, UsageRecord
+
+MICROS_PER_USD = 1_000_000
+_ONE = Decimal(1)
+_HUNDRED = Decimal(100)
+
+
+def cost_micros(
+    *,
+    input_per_mtok: Decimal,
+    cached_input_per_mtok: Decimal,
+    output_per_mtok: Decimal,
+    batch_discount_percent: Decimal,
+    batch: bool,
+    prompt_tokens: int,
+    cached_tokens: int,
+    completion_tokens: int,
+) -> int:
+    cached = min(max(cached_tokens, 0), prompt_tokens)
+    amount = (
+        (prompt_tokens - cached) * input_per_mtok
+        + cached * cached_input_per_mtok
+        + completion_tokens * output_per_mtok
+    )
+    if batch and batch_discount_percent:
+        amount = amount * (_HUNDRED - batch_discount_percent) / _HUNDRED
+    return int(amount.quantize(_ONE, rounding=ROUND_HALF_UP))
+
+
+def usage_cost_micros(
+    *, price: Price, mode: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int
+) -> int:
+    return cost_micros(
+        input_per_mtok=price.input_per_mtok,
+        cached_input_per_mtok=price.cached_input_per_mtok,
+        output_per_mtok=price.output_per_mtok,
+        batch_discount_percent=price.batch_discount_percent,
+        batch=mode == UsageRecord.Mode.BATCH,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens,
+    )
+
+
+def micros_to_usd(micros: int) -> str:
+    """Micro-dollars as a dollar amount with six decimals (exact), e.g. ``0.001234``."""
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), MICROS_PER_USD)
+    return f"{sign}{whole}.{frac:06d}"
+
+
+class PriceBook:
+    """The prices of some models, loaded once, answering "what did this cost then?"."""
+
+    def __init__(self, prices: Iterable[Price]) -> None:
+        # (model name, tenant id or None) -> prices sorted by effective_from
+        self._by: dict[tuple[str, int | None], list[Price]] = defaultdict(list)
+        for price in prices:
+            self._by[(price.model.name, price.tenant_id)].append(price)
+        self._starts: dict[tuple[str, int | None], list[datetime]] = {}
+        for key, rows in self._by.items():
+            rows.sort(key=lambda p: p.effective_from)
+            self._starts[key] = [p.effective_from for p in rows]
+
+    @classmethod
+    def for_models(cls, names: Iterable[str]) -> PriceBook:
+        return cls(Price.objects.filter(model__name__in=set(names)).select_related("model"))
+
+    def _in_force(self, key: tuple[str, int | None], at: datetime) -> Price | None:
+        starts = self._starts.get(key)
+        if not starts:
+            return None
+        i = bisect_right(starts, at)
+        return self._by[key][i - 1] if i else None
+
+    def price_for(self, *, model: str, tenant_id: int, at: datetime) -> Price | None:
+        return self._in_force((model, tenant_id), at) or self._in_force((model, None), at)
+
+    def cost_micros(self, record: UsageRecord) -> int | None:
+        """The record's cost, or None when no price was in force for it."""
+        price = self.price_for(model=record.model, tenant_id=record.tenant_id, at=record.started_at)
+        if price is None:
+            return None
+        return usage_cost_micros(
+            price=price,
+            mode=record.mode,
+            prompt_tokens=record.prompt_tokens,
+            cached_tokens=record.cached_tokens,
+            completion_tokens=record.completion_tokens,
+        )
+
+
+def prices_for_catalog(*, at: datetime) -> dict[str, dict[str, list[list[Any]]]]:
+    """Per model name, the list and contract prices in force at ``at`` or later, for the
+    gateway to count spend against budgets: ``{"list": [[from_ts, in, cached, out,
+    discount], ...], "tenant:<id>": [...]}`` sorted by start."""
+    out: dict[str, dict[str, list[list[Any]]]] = defaultdict(lambda: defaultdict(list))
+    for price in Price.objects.select_related("model").order_by("effective_from"):
+        scope = f"tenant:{price.tenant_id}" if price.tenant_id else "list"
+        out[price.model.name][scope].append(
+            [
+                price.effective_from.timestamp(),
+                str(price.input_per_mtok),
+                str(price.cached_input_per_mtok),
+                str(price.output_per_mtok),
+                str(price.batch_discount_percent),
+            ]
+        )
+    # Keep only what can still apply: the last price started before ``at`` and later ones.
+    cut = at.timestamp()
+    for scopes in out.values():
+        for scope, rows in scopes.items():
+            current = [r for r in rows if r[0] <= cut][-1:]
+            scopes[scope] = current + [r for r in rows if r[0] > cut]
+    return {name: dict(scopes) for name, scopes in out.items()}
+
+
+def rates_in_force(
+    prices: dict[str, list[list[Any]]] | None, *, tenant_id: int, at: float
+) -> list[Any] | None:
+    """From a catalog entry, the price row in force at epoch ``at`` for the tenant."""
+    if not prices:
+        return None
+    for scope in (f"tenant:{tenant_id}", "list"):
+        found = None
+        for row in prices.get(scope, ()):
+            if row[0] <= at:
+                found = row
+        if found is not None:
+            return found
+    return None
