@@ -243,3 +243,24 @@ class StripeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} {self.event_id}"
+
+
+class EngineCounterSnapshot(models.Model):
+    """An engine's own cumulative token counters at one moment (from its /metrics), the
+    other side of reconciliation: between two snapshots of one engine process, the ledger's
+    tokens for that replica must equal the counters' growth."""
+
+    replica = models.ForeignKey(
+        "inference.Replica", on_delete=models.CASCADE, related_name="counter_snapshots"
+    )
+    taken_at = models.DateTimeField()
+    process_started_at = models.DateTimeField(help_text="Counters restart with the process.")
+    prompt_tokens = models.PositiveBigIntegerField()
+    generation_tokens = models.PositiveBigIntegerField()
+    running = models.PositiveIntegerField(help_text="Requests in flight at that moment.")
+
+    class Meta:
+        indexes = [models.Index(fields=["replica", "taken_at"], name="snapshot_replica_taken")]
+
+    def __str__(self) -> str:
+        return f"{self.replica_id} at {self.taken_at:%Y-%m-%d %H:%M:%S}"

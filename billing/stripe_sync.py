@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import stripe
-from stripe import RequestOptions
-from stripe.params import CustomerCreateParams
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from stripe import RequestOptions
+from stripe.params import CustomerCreateParams
 
 from billing.models import BillingAccount, Invoice, StripeEvent
 from tenants.services import audit_record

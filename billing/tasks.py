@@ -5,6 +5,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from billing.invoicing import invoices_finalize_month
+from billing.reconcile import counter_snapshots_take
 from billing.services import budget_warnings_flush, daily_usage_refresh_stale, usage_spool_flush
 from billing.stripe_sync import StripeNotConfigured, invoice_stripe_push, invoice_stripe_void
 
@@ -52,3 +53,8 @@ def invoice_stripe_void_task(invoice_id: int) -> None:
 def invoices_finalize_last_month_task() -> int:
     last_month = (timezone.now().date().replace(day=1) - timedelta(days=1)).replace(day=1)
     return invoices_finalize_month(period_start=last_month)
+
+
+@shared_task(ignore_result=True)
+def counter_snapshots_take_task() -> int:
+    return counter_snapshots_take()

@@ -184,6 +184,12 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "schedule": 10.0,
         "options": {"expires": 30},
     },
+    # The engines' own token counters, the other side of `reconcile_usage`.
+    "snapshot-engine-counters": {
+        "task": "billing.tasks.counter_snapshots_take_task",
+        "schedule": 60.0,
+        "options": {"expires": 50},
+    },
     # Last month's invoices, on the first of the month (UTC) once its usage has landed.
     "finalize-invoices": {
         "task": "billing.tasks.invoices_finalize_last_month_task",

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from billing import stripe_sync
 from billing.invoicing import invoice_compute, invoice_finalize, micros_to_cents
-from billing.models import Invoice, StripeEvent, UsageRecord
+from billing.models import BillingAccount, Invoice, StripeEvent, UsageRecord
 from billing.services import usage_records_insert
 from billing.stripe_sync import invoice_stripe_push
 from tenants.models import AuditEvent, Tenant
@@ -150,7 +150,7 @@ def test_finalizing_twice_makes_one_invoice_and_one_stripe_invoice(
 
 
 def customer_id(recorded: RecordedStripe) -> str:
-    return Tenant.objects.get(slug="acme").billing_account.stripe_customer_id
+    return BillingAccount.objects.get(tenant__slug="acme").stripe_customer_id
 
 
 @pytest.mark.django_db

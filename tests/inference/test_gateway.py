@@ -438,6 +438,7 @@ def test_monthly_spend_budget_trips_at_the_right_request_and_warns_at_80_percent
     catalog_publish()
     tenant, key = world.tenant(monthly_spend_budget_micros=60_000)
     client = world.stack.openai(key)
+    time.sleep(1.5)  # web processes pick up a new catalog (here: the price) within a second
     served = 0
     with pytest.raises(openai.RateLimitError) as err:
         for _ in range(10):
