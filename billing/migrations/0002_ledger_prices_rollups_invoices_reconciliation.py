@@ -5,153 +5,314 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('billing', '0001_initial'),
-        ('inference', '0003_usage_and_queue_wait'),
-        ('tenants', '0001_initial'),
+        ("billing", "0001_initial"),
+        ("inference", "0003_usage_and_queue_wait"),
+        ("tenants", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='StripeEvent',
+            name="StripeEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('event_id', models.CharField(max_length=255, unique=True)),
-                ('type', models.CharField(max_length=100)),
-                ('created', models.DateTimeField()),
-                ('received_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("event_id", models.CharField(max_length=255, unique=True)),
+                ("type", models.CharField(max_length=100)),
+                ("created", models.DateTimeField()),
+                ("received_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
         migrations.CreateModel(
-            name='BillingAccount',
+            name="BillingAccount",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('stripe_customer_id', models.CharField(blank=True, max_length=64)),
-                ('email', models.EmailField(blank=True, max_length=254)),
-                ('currency', models.CharField(default='usd', max_length=3)),
-                ('tenant', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='billing_account', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("stripe_customer_id", models.CharField(blank=True, max_length=64)),
+                ("email", models.EmailField(blank=True, max_length=254)),
+                ("currency", models.CharField(default="usd", max_length=3)),
+                (
+                    "tenant",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="billing_account",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Invoice',
+            name="Invoice",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('period_start', models.DateField(help_text='The first day of the month billed.')),
-                ('status', models.CharField(choices=[('draft', 'Draft'), ('finalized', 'Finalized'), ('paid', 'Paid'), ('void', 'Void')], default='draft', max_length=10)),
-                ('currency', models.CharField(default='usd', max_length=3)),
-                ('total_cents', models.BigIntegerField(default=0)),
-                ('cost_micros', models.BigIntegerField(default=0, help_text='Unrounded sum of the lines.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('finalized_at', models.DateTimeField(blank=True, null=True)),
-                ('paid_at', models.DateTimeField(blank=True, null=True)),
-                ('voided_at', models.DateTimeField(blank=True, null=True)),
-                ('payment_failed_at', models.DateTimeField(blank=True, null=True)),
-                ('refunded_cents', models.BigIntegerField(default=0)),
-                ('disputed', models.BooleanField(default=False)),
-                ('stripe_invoice_id', models.CharField(blank=True, max_length=64)),
-                ('stripe_status', models.CharField(blank=True, max_length=32)),
-                ('stripe_hosted_url', models.URLField(blank=True, max_length=500)),
-                ('stripe_charge_id', models.CharField(blank=True, db_index=True, max_length=64)),
-                ('stripe_state_at', models.DateTimeField(blank=True, null=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("period_start", models.DateField(help_text="The first day of the month billed.")),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("draft", "Draft"),
+                            ("finalized", "Finalized"),
+                            ("paid", "Paid"),
+                            ("void", "Void"),
+                        ],
+                        default="draft",
+                        max_length=10,
+                    ),
+                ),
+                ("currency", models.CharField(default="usd", max_length=3)),
+                ("total_cents", models.BigIntegerField(default=0)),
+                (
+                    "cost_micros",
+                    models.BigIntegerField(default=0, help_text="Unrounded sum of the lines."),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("finalized_at", models.DateTimeField(blank=True, null=True)),
+                ("paid_at", models.DateTimeField(blank=True, null=True)),
+                ("voided_at", models.DateTimeField(blank=True, null=True)),
+                ("payment_failed_at", models.DateTimeField(blank=True, null=True)),
+                ("refunded_cents", models.BigIntegerField(default=0)),
+                ("disputed", models.BooleanField(default=False)),
+                ("stripe_invoice_id", models.CharField(blank=True, max_length=64)),
+                ("stripe_status", models.CharField(blank=True, max_length=32)),
+                ("stripe_hosted_url", models.URLField(blank=True, max_length=500)),
+                ("stripe_charge_id", models.CharField(blank=True, db_index=True, max_length=64)),
+                ("stripe_state_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-period_start', 'tenant'],
+                "ordering": ["-period_start", "tenant"],
             },
         ),
         migrations.CreateModel(
-            name='InvoiceLine',
+            name="InvoiceLine",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('model', models.CharField(max_length=200)),
-                ('mode', models.CharField(choices=[('online', 'Online'), ('batch', 'Batch')], max_length=8)),
-                ('requests', models.PositiveBigIntegerField(default=0)),
-                ('prompt_tokens', models.PositiveBigIntegerField(default=0)),
-                ('completion_tokens', models.PositiveBigIntegerField(default=0)),
-                ('cached_tokens', models.PositiveBigIntegerField(default=0)),
-                ('cost_micros', models.BigIntegerField(default=0)),
-                ('amount_cents', models.BigIntegerField(default=0)),
-                ('unpriced', models.PositiveBigIntegerField(default=0)),
-                ('stripe_invoice_item_id', models.CharField(blank=True, max_length=64)),
-                ('invoice', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='lines', to='billing.invoice')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("model", models.CharField(max_length=200)),
+                (
+                    "mode",
+                    models.CharField(
+                        choices=[("online", "Online"), ("batch", "Batch")], max_length=8
+                    ),
+                ),
+                ("requests", models.PositiveBigIntegerField(default=0)),
+                ("prompt_tokens", models.PositiveBigIntegerField(default=0)),
+                ("completion_tokens", models.PositiveBigIntegerField(default=0)),
+                ("cached_tokens", models.PositiveBigIntegerField(default=0)),
+                ("cost_micros", models.BigIntegerField(default=0)),
+                ("amount_cents", models.BigIntegerField(default=0)),
+                ("unpriced", models.PositiveBigIntegerField(default=0)),
+                ("stripe_invoice_item_id", models.CharField(blank=True, max_length=64)),
+                (
+                    "invoice",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="lines",
+                        to="billing.invoice",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['model', 'mode'],
+                "ordering": ["model", "mode"],
             },
         ),
         migrations.CreateModel(
-            name='Price',
+            name="Price",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('input_per_mtok', models.DecimalField(decimal_places=6, max_digits=14)),
-                ('cached_input_per_mtok', models.DecimalField(decimal_places=6, max_digits=14)),
-                ('output_per_mtok', models.DecimalField(decimal_places=6, max_digits=14)),
-                ('batch_discount_percent', models.DecimalField(decimal_places=2, default=0, help_text='Off every batch-mode token.', max_digits=5)),
-                ('effective_from', models.DateTimeField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='prices', to='inference.model')),
-                ('tenant', models.ForeignKey(blank=True, help_text="Blank: the list price. Set: this tenant's contract price.", null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("input_per_mtok", models.DecimalField(decimal_places=6, max_digits=14)),
+                ("cached_input_per_mtok", models.DecimalField(decimal_places=6, max_digits=14)),
+                ("output_per_mtok", models.DecimalField(decimal_places=6, max_digits=14)),
+                (
+                    "batch_discount_percent",
+                    models.DecimalField(
+                        decimal_places=2,
+                        default=0,
+                        help_text="Off every batch-mode token.",
+                        max_digits=5,
+                    ),
+                ),
+                ("effective_from", models.DateTimeField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="prices",
+                        to="inference.model",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Blank: the list price. Set: this tenant's contract price.",
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['model', 'tenant', '-effective_from'],
+                "ordering": ["model", "tenant", "-effective_from"],
             },
         ),
         migrations.CreateModel(
-            name='DailyUsage',
+            name="DailyUsage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('day', models.DateField()),
-                ('model', models.CharField(max_length=200)),
-                ('adapter', models.CharField(blank=True, max_length=200)),
-                ('mode', models.CharField(choices=[('online', 'Online'), ('batch', 'Batch')], max_length=8)),
-                ('requests', models.PositiveIntegerField(default=0)),
-                ('errors', models.PositiveIntegerField(default=0)),
-                ('prompt_tokens', models.PositiveBigIntegerField(default=0)),
-                ('completion_tokens', models.PositiveBigIntegerField(default=0)),
-                ('cached_tokens', models.PositiveBigIntegerField(default=0)),
-                ('cost_micros', models.BigIntegerField(default=0)),
-                ('unpriced', models.PositiveIntegerField(default=0, help_text='Records with no price in force (cost counted as 0).')),
-                ('api_key', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenants.apikey')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("day", models.DateField()),
+                ("model", models.CharField(max_length=200)),
+                ("adapter", models.CharField(blank=True, max_length=200)),
+                (
+                    "mode",
+                    models.CharField(
+                        choices=[("online", "Online"), ("batch", "Batch")], max_length=8
+                    ),
+                ),
+                ("requests", models.PositiveIntegerField(default=0)),
+                ("errors", models.PositiveIntegerField(default=0)),
+                ("prompt_tokens", models.PositiveBigIntegerField(default=0)),
+                ("completion_tokens", models.PositiveBigIntegerField(default=0)),
+                ("cached_tokens", models.PositiveBigIntegerField(default=0)),
+                ("cost_micros", models.BigIntegerField(default=0)),
+                (
+                    "unpriced",
+                    models.PositiveIntegerField(
+                        default=0, help_text="Records with no price in force (cost counted as 0)."
+                    ),
+                ),
+                (
+                    "api_key",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="tenants.apikey",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['tenant', 'day'], name='daily_tenant_day')],
+                "indexes": [models.Index(fields=["tenant", "day"], name="daily_tenant_day")],
             },
         ),
         migrations.CreateModel(
-            name='EngineCounterSnapshot',
+            name="EngineCounterSnapshot",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('taken_at', models.DateTimeField()),
-                ('process_started_at', models.DateTimeField(help_text='Counters restart with the process.')),
-                ('prompt_tokens', models.PositiveBigIntegerField()),
-                ('generation_tokens', models.PositiveBigIntegerField()),
-                ('running', models.PositiveIntegerField(help_text='Requests in flight at that moment.')),
-                ('replica', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='counter_snapshots', to='inference.replica')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("taken_at", models.DateTimeField()),
+                (
+                    "process_started_at",
+                    models.DateTimeField(help_text="Counters restart with the process."),
+                ),
+                ("prompt_tokens", models.PositiveBigIntegerField()),
+                ("generation_tokens", models.PositiveBigIntegerField()),
+                (
+                    "running",
+                    models.PositiveIntegerField(help_text="Requests in flight at that moment."),
+                ),
+                (
+                    "replica",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="counter_snapshots",
+                        to="inference.replica",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['replica', 'taken_at'], name='snapshot_replica_taken')],
+                "indexes": [
+                    models.Index(fields=["replica", "taken_at"], name="snapshot_replica_taken")
+                ],
             },
         ),
         migrations.AddConstraint(
-            model_name='invoice',
-            constraint=models.UniqueConstraint(fields=('tenant', 'period_start'), name='invoice_per_month'),
+            model_name="invoice",
+            constraint=models.UniqueConstraint(
+                fields=("tenant", "period_start"), name="invoice_per_month"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='invoiceline',
-            constraint=models.UniqueConstraint(fields=('invoice', 'model', 'mode'), name='line_per_item'),
+            model_name="invoiceline",
+            constraint=models.UniqueConstraint(
+                fields=("invoice", "model", "mode"), name="line_per_item"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='price',
-            constraint=models.UniqueConstraint(fields=('model', 'tenant', 'effective_from'), name='price_unique_start'),
+            model_name="price",
+            constraint=models.UniqueConstraint(
+                fields=("model", "tenant", "effective_from"), name="price_unique_start"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='price',
-            constraint=models.UniqueConstraint(condition=models.Q(('tenant__isnull', True)), fields=('model', 'effective_from'), name='list_price_unique_start'),
+            model_name="price",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("tenant__isnull", True)),
+                fields=("model", "effective_from"),
+                name="list_price_unique_start",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='price',
-            constraint=models.CheckConstraint(condition=models.Q(('input_per_mtok__gte', 0), ('cached_input_per_mtok__gte', 0), ('output_per_mtok__gte', 0), ('batch_discount_percent__gte', 0), ('batch_discount_percent__lte', 100)), name='price_not_negative', violation_error_message='Prices cannot be negative, and the batch discount must be 0-100 percent.'),
+            model_name="price",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("input_per_mtok__gte", 0),
+                    ("cached_input_per_mtok__gte", 0),
+                    ("output_per_mtok__gte", 0),
+                    ("batch_discount_percent__gte", 0),
+                    ("batch_discount_percent__lte", 100),
+                ),
+                name="price_not_negative",
+                violation_error_message="Prices cannot be negative, and the batch discount must be 0-100 percent.",
+            ),
         ),
     ]
