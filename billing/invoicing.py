@@ -47,6 +47,18 @@ def _check_period(period_start: date) -> None:
         raise ValidationError({"period_start": "An invoice covers a month: use its first day."})
 
 
+def _check_over(period_start: date) -> None:
+    _check_period(period_start)
+    _, end = month_bounds(period_start)
+    if timezone.now() < end:
+        raise ValidationError(
+            {
+                "period_start": f"{period_start:%Y-%m} is not over yet; it can be finalized "
+                f"from {end:%Y-%m-%d} (UTC)."
+            }
+        )
+
+
 def _lines_from_ledger(invoice: Invoice) -> list[InvoiceLine]:
     start, end = month_bounds(invoice.period_start)
     groups = (
@@ -136,6 +148,7 @@ def invoice_finalize(*, tenant: Tenant, period_start: date, actor: User | None) 
 
 def invoices_finalize_month(*, period_start: date) -> int:
     """Finalize the month's invoice of every tenant that used the platform in it."""
+    _check_over(period_start)
     start, end = month_bounds(period_start)
     tenant_ids = (
         UsageRecord.objects.filter(started_at__gte=start, started_at__lt=end)

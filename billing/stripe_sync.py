@@ -36,10 +36,10 @@ class StripeNotConfigured(Exception):
 
 
 def stripe_client() -> stripe.StripeClient:
-    if not settings.STRIPE_SECRET_KEY:
-        raise StripeNotConfigured("STRIPE_SECRET_KEY is not set")
+    if not settings.STRIPE_API_KEY:
+        raise StripeNotConfigured("STRIPE_API_KEY is not set")
     return stripe.StripeClient(
-        settings.STRIPE_SECRET_KEY, http_client=http_client, max_network_retries=2
+        settings.STRIPE_API_KEY, http_client=http_client, max_network_retries=2
     )
 
 

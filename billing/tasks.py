@@ -38,7 +38,7 @@ def invoice_stripe_push_task(invoice_id: int) -> None:
     try:
         invoice_stripe_push(invoice_id=invoice_id)
     except StripeNotConfigured:
-        log.warning("invoice %s finalized; not sent: STRIPE_SECRET_KEY is not set", invoice_id)
+        log.warning("invoice %s finalized; not sent: STRIPE_API_KEY is not set", invoice_id)
 
 
 @shared_task(ignore_result=True, autoretry_for=(Exception,), retry_backoff=30, max_retries=12)
@@ -46,7 +46,7 @@ def invoice_stripe_void_task(invoice_id: int) -> None:
     try:
         invoice_stripe_void(invoice_id=invoice_id)
     except StripeNotConfigured:
-        log.warning("invoice %s voided; not at Stripe: STRIPE_SECRET_KEY is not set", invoice_id)
+        log.warning("invoice %s voided; not at Stripe: STRIPE_API_KEY is not set", invoice_id)
 
 
 @shared_task(ignore_result=True)

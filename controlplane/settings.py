@@ -157,7 +157,7 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # --- Stripe --------------------------------------------------------------------------------
 # Unset: invoices are still computed and finalized, but nothing is sent to Stripe and the
 # webhook refuses every call.
-STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY", "")
+STRIPE_API_KEY = env_str("STRIPE_API_KEY", "")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
 INVOICE_DAYS_UNTIL_DUE = env_int("INFERPLANE_INVOICE_DAYS_UNTIL_DUE", 30, minimum=1)
 

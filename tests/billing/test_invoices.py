@@ -23,7 +23,7 @@ from billing.stripe_sync import invoice_stripe_push
 from tenants.models import AuditEvent, Tenant
 from tests.billing.stripe_fake import RecordedStripe, event, signed
 from tests.billing.test_usage import _record
-from tests.conftest import TenantPeople, client_for
+from tests.conftest import TenantPeople, client_for, run_manage
 
 OCT = date(2026, 10, 1)
 IN_OCT = datetime(2026, 10, 15, 12, tzinfo=UTC)
@@ -32,7 +32,7 @@ SECRET = "whsec_test_4eC39HqLyjWDarjtT1zdp7dc"
 
 @pytest.fixture
 def stripe_http(settings: Any) -> Iterator[RecordedStripe]:
-    settings.STRIPE_SECRET_KEY = "sk_test_inferplane"
+    settings.STRIPE_API_KEY = "sk_test_inferplane"
     settings.STRIPE_WEBHOOK_SECRET = SECRET
     recorded = RecordedStripe()
     stripe_sync.http_client = recorded
@@ -173,7 +173,7 @@ def test_a_push_that_crashed_midway_resumes_without_duplicates(
 
 @pytest.mark.django_db
 def test_without_a_stripe_key_finalizing_still_works(settings: Any) -> None:
-    settings.STRIPE_SECRET_KEY = ""
+    settings.STRIPE_API_KEY = ""
     tenant = Tenant.objects.create(slug="acme", name="Acme")
     _usage(tenant, ("big", "online", 1_000_000))
     invoice = invoice_finalize(tenant=tenant, period_start=OCT, actor=None)
@@ -384,3 +384,32 @@ def test_usage_csv_matches_the_ledger(people: TenantPeople, billed: Invoice) -> 
         "/api/tenants/acme/usage.csv?start=2026-10-31&end=2026-10-01"
     )
     assert bad.status_code == 400
+
+
+@pytest.mark.django_db(transaction=True)
+def test_finalize_invoices_command() -> None:
+    tenant = Tenant.objects.create(slug="acme", name="Acme")
+    _usage(tenant, ("big", "online", 1_234_567))
+    ok = run_manage("finalize_invoices", "--month", "2026-10", "--tenant", "acme")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == "acme 2026-10: finalized, 1.23 USD"
+    again = run_manage("finalize_invoices", "--month", "2026-10")
+    assert again.returncode == 0 and Invoice.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--month", "October"], "--month must look like"),
+        (["--month", "2026-13"], "--month must look like"),
+        (["--month", "2026-10", "--tenant", "nope"], "no tenant"),
+        (["--month", "2999-01"], "not over yet"),
+    ],
+)
+def test_finalize_invoices_bad_input(args: list[str], message: str) -> None:
+    Tenant.objects.create(slug="acme", name="Acme")
+    result = run_manage("finalize_invoices", *args)
+    assert result.returncode != 0
+    assert result.stderr.strip().startswith("CommandError:") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
