@@ -10,7 +10,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 
 from billing import services
-from billing.models import DailyUsage, Price, UsageRecord
+from billing.models import DailyUsage, Invoice, InvoiceLine, Price, UsageRecord
 from tenants.models import User
 
 
@@ -94,3 +94,30 @@ class DailyUsageAdmin(_ReadOnly):
     ]
     list_filter = ["mode"]
     search_fields = ["tenant__slug", "model"]
+
+
+class InvoiceLineInline(admin.TabularInline[InvoiceLine, Invoice]):
+    model = InvoiceLine
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = (
+        "model",
+        "mode",
+        "requests",
+        "prompt_tokens",
+        "completion_tokens",
+        "amount_cents",
+    )
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(_ReadOnly):
+    """Read-only: finalize and void through the control API or ``finalize_invoices``."""
+
+    list_display = ["tenant", "period_start", "status", "total_cents", "stripe_status", "paid_at"]
+    list_filter = ["status", "period_start"]
+    search_fields = ["tenant__slug", "stripe_invoice_id"]
+    inlines = [InvoiceLineInline]

@@ -43,9 +43,11 @@ class UsageRecord(models.Model):
     finished_at = models.DateTimeField()
 
     class Meta:
+        # Reads by tenant and time use the btree; reads by time alone (month closing,
+        # reconciliation windows) use BRIN indexes on started_at and finished_at, which the
+        # ledger's append order keeps tiny (PostgreSQL only: migration 0003).
         indexes = [
             models.Index(fields=["tenant", "started_at"], name="usage_tenant_started"),
-            models.Index(fields=["started_at"], name="usage_started"),
         ]
 
     def __str__(self) -> str:

@@ -413,3 +413,43 @@ def test_finalize_invoices_bad_input(args: list[str], message: str) -> None:
     assert result.returncode != 0
     assert result.stderr.strip().startswith("CommandError:") and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.django_db
+def test_an_invoice_spanning_a_price_change_charges_each_record_its_own_price() -> None:
+    from decimal import Decimal
+
+    from billing.models import Price
+    from inference.models import Model
+
+    model = Model.objects.create(name="big", served_name="big", context_length=1024)
+    for start, rate in ((datetime(2026, 9, 1, tzinfo=UTC), "1"), (IN_OCT, "3")):
+        Price.objects.create(
+            model=model,
+            input_per_mtok=Decimal(rate),
+            cached_input_per_mtok=Decimal(rate),
+            output_per_mtok=Decimal(rate),
+            effective_from=start,
+        )
+    tenant = Tenant.objects.create(slug="acme", name="Acme")
+    usage_records_insert(
+        [
+            _record(
+                tenant,
+                model="big",
+                prompt_tokens=10_000,
+                completion_tokens=0,
+                started_at=(IN_OCT - timedelta(hours=1)).isoformat(),
+            ),
+            _record(
+                tenant,
+                model="big",
+                prompt_tokens=10_000,
+                completion_tokens=0,
+                started_at=IN_OCT.isoformat(),
+            ),
+        ]
+    )
+    invoice = invoice_compute(tenant=tenant, period_start=OCT)
+    # 10,000 tokens at $1/1M + 10,000 at $3/1M = 40,000 micro-dollars = 4 cents.
+    assert (invoice.cost_micros, invoice.total_cents) == (40_000, 4)
