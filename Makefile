@@ -92,6 +92,7 @@ bench: setup
 	$(PY) -m bench.overhead
 	$(PY) -m bench.overhead --workers 2
 	$(PY) -m bench.fairness
+	$(PY) -m bench.ledger
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 
 from billing.models import InvoiceLine, UsageRecord
 from billing.pricing import micros_to_usd
-from billing.selectors import usage_record_pages
+from billing.selectors import usage_row_pages
 from tenants.keys import KEY_TAG
 from tenants.models import Tenant
 
@@ -63,6 +63,24 @@ def usage_row(r: UsageRecord, tenant_slug: str) -> list[Any]:
     ]
 
 
+def _export_row(row: tuple[Any, ...], slug: str) -> list[Any]:
+    _, rid, prefix, model, mode, status, prompt, completion, cached, cost, started, done = row
+    return [
+        rid,
+        slug,
+        f"{KEY_TAG}{prefix}" if prefix else "",
+        model,
+        mode,
+        status,
+        prompt,
+        completion,
+        cached,
+        "" if cost is None else micros_to_usd(cost),
+        started.isoformat(),
+        done.isoformat(),
+    ]
+
+
 def _csv(rows: Iterable[list[Any]]) -> str:
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows(rows)
@@ -72,13 +90,17 @@ def _csv(rows: Iterable[list[Any]]) -> str:
 async def usage_csv_stream(*, tenant: Tenant, start: datetime, end: datetime) -> AsyncIterator[str]:
     """The usage CSV, one page of records per chunk, fetched as it is sent (flat memory)."""
     yield _csv([USAGE_HEADER])
-    pages: Iterator[list[UsageRecord]] = usage_record_pages(tenant=tenant, start=start, end=end)
+    pages = usage_row_pages(tenant=tenant, start=start, end=end)
+    slug = tenant.slug
 
-    def next_page() -> list[UsageRecord] | None:
-        return next(pages, None)
+    def next_chunk() -> str | None:
+        page = next(pages, None)
+        if page is None:
+            return None
+        return _csv(_export_row(row, slug) for row in page)
 
-    while (page := await sync_to_async(next_page)()) is not None:
-        yield _csv(usage_row(r, tenant.slug) for r in page)
+    while (chunk := await sync_to_async(next_chunk)()) is not None:
+        yield chunk
 
 
 def invoice_lines_csv(lines: Iterable[InvoiceLine], tenant_slug: str) -> str:

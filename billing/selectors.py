@@ -60,23 +60,41 @@ def daily_usage_buckets(
     ]
 
 
-def usage_record_pages(
+EXPORT_COLUMNS = (
+    "id",
+    "request_id",
+    "api_key__prefix",
+    "model",
+    "mode",
+    "status",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cost_micros",
+    "started_at",
+    "finished_at",
+)
+
+
+def usage_row_pages(
     *, tenant: Tenant, start: datetime, end: datetime, page_size: int = 5000
-) -> Iterator[list[UsageRecord]]:
-    """The tenant's records in ``[start, end)`` as pages, by keyset on (started_at, id): each
-    page is one indexed query, so memory stays flat and any page can be fetched in any
-    thread (an async response fetches them one by one)."""
-    base = UsageRecord.objects.filter(tenant=tenant, started_at__lt=end).select_related("api_key")
-    after: tuple[datetime, int] | None = None
-    while True:
-        rows = base.filter(started_at__gte=start)
-        if after is not None:
-            rows = rows.filter(Q(started_at__gt=after[0]) | Q(started_at=after[0], id__gt=after[1]))
-        page = list(rows.order_by("started_at", "id")[:page_size])
-        if not page:
-            return
+) -> Iterator[list[tuple[Any, ...]]]:
+    """The tenant's records in ``[start, end)`` as pages of tuples (``EXPORT_COLUMNS``), by
+    keyset on (started_at, id): each page is one index range scan starting where the last
+    one stopped, so memory stays flat, the cost per page does not grow with the offset, and
+    any page can be fetched in any thread (an async response fetches them one by one)."""
+    rows = UsageRecord.objects.filter(tenant=tenant, started_at__lt=end).values_list(
+        *EXPORT_COLUMNS
+    )
+    page = list(rows.filter(started_at__gte=start).order_by("started_at", "id")[:page_size])
+    while page:
         yield page
-        after = (page[-1].started_at, page[-1].pk)
+        at, last_id = page[-1][10], page[-1][0]
+        page = list(
+            rows.filter(started_at__gte=at)
+            .filter(Q(started_at__gt=at) | Q(id__gt=last_id))
+            .order_by("started_at", "id")[:page_size]
+        )
 
 
 def invoice_list(*, tenant: Tenant) -> QuerySet[Invoice]:

@@ -160,6 +160,24 @@ def daily_usage_refresh_stale(*, limit: int = 500) -> int:
     return done
 
 
+def daily_usage_refresh_recent(*, days: int = 2) -> int:
+    """Recompute the last ``days`` UTC days for every tenant with usage in them: the safety
+    net for stale markers lost with Redis (hourly)."""
+    today = timezone.now().astimezone(UTC).date()
+    first = today - timedelta(days=days - 1)
+    since = datetime.combine(first, time.min, tzinfo=UTC)
+    pairs = (
+        UsageRecord.objects.filter(started_at__gte=since)
+        .values_list("tenant_id", "started_at__date")
+        .distinct()
+    )
+    done = 0
+    for tenant_id, day in pairs:
+        daily_usage_refresh(tenant_id=tenant_id, day=day)
+        done += 1
+    return done
+
+
 # --- Prices ----------------------------------------------------------------------------------
 
 

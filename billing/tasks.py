@@ -6,7 +6,12 @@ from django.utils import timezone
 
 from billing.invoicing import invoices_finalize_month
 from billing.reconcile import counter_snapshots_take
-from billing.services import budget_warnings_flush, daily_usage_refresh_stale, usage_spool_flush
+from billing.services import (
+    budget_warnings_flush,
+    daily_usage_refresh_recent,
+    daily_usage_refresh_stale,
+    usage_spool_flush,
+)
 from billing.stripe_sync import StripeNotConfigured, invoice_stripe_push, invoice_stripe_void
 
 log = logging.getLogger(__name__)
@@ -20,6 +25,11 @@ def usage_spool_flush_task() -> int:
 @shared_task(ignore_result=True)
 def daily_usage_refresh_task() -> int:
     return daily_usage_refresh_stale()
+
+
+@shared_task(ignore_result=True)
+def daily_usage_refresh_recent_task() -> int:
+    return daily_usage_refresh_recent()
 
 
 @shared_task(ignore_result=True)

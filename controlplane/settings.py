@@ -195,6 +195,12 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "billing.tasks.invoices_finalize_last_month_task",
         "schedule": crontab(minute=30, hour=0, day_of_month=1),
     },
+    # The safety net: stale markers live in Redis, which keeps nothing on disk.
+    "refresh-recent-daily-usage": {
+        "task": "billing.tasks.daily_usage_refresh_recent_task",
+        "schedule": 3600.0,
+        "options": {"expires": 1800},
+    },
     "flush-key-last-used": {
         "task": "tenants.tasks.api_keys_last_used_flush",
         "schedule": 60.0,

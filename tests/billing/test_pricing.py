@@ -256,3 +256,16 @@ def test_unpriced_records_are_counted_in_rollups(
     daily_usage_refresh_stale()
     row = DailyUsage.objects.get(tenant=tenant)
     assert (row.unpriced, row.cost_micros) == (1, 0)
+
+
+def test_rollups_heal_when_redis_lost_the_stale_markers(model: Model) -> None:
+    from billing.services import daily_usage_refresh_recent
+    from controlplane.redis import redis_sync
+
+    tenant = TenantFactory.create()
+    now = datetime.now(UTC)
+    usage_records_insert([_record(tenant, started_at=now.isoformat()) for _ in range(3)])
+    redis_sync().flushdb()  # a Redis restart: the markers are gone, the rollups never made
+    assert daily_usage_refresh_stale() == 0 and not DailyUsage.objects.exists()
+    assert daily_usage_refresh_recent() == 1
+    assert _rollup_totals(tenant) == _ledger_totals(tenant)

@@ -155,3 +155,25 @@ def test_export_usage_bad_input(args: list[str], message: str) -> None:
 
 def test_settings_use_the_tests_own_redis() -> None:
     assert settings.REDIS_URL.endswith("/15")
+
+
+@pytest.mark.django_db
+def test_export_pages_visit_every_record_once_even_with_equal_times() -> None:
+    from billing.selectors import usage_row_pages
+
+    tenant = TenantFactory.create()
+    same = "2026-11-05T10:00:00+00:00"
+    records = [_record(tenant, started_at=same) for _ in range(5)]
+    records += [_record(tenant, started_at=f"2026-11-05T10:00:0{i}+00:00") for i in range(1, 4)]
+    usage_records_insert(records)
+    pages = list(
+        usage_row_pages(
+            tenant=tenant,
+            start=datetime(2026, 11, 5, tzinfo=UTC),
+            end=datetime(2026, 11, 6, tzinfo=UTC),
+            page_size=2,
+        )
+    )
+    seen = [row[1] for page in pages for row in page]
+    assert len(pages) == 4 and sorted(seen) == sorted(r["request_id"] for r in records)
+    assert len(set(seen)) == len(seen)
