@@ -3,19 +3,45 @@ read-only views of the ledger and its rollups."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.forms import ModelForm
 from django.http import HttpRequest
+from django.utils import timezone
 
 from billing import services
 from billing.models import DailyUsage, Invoice, InvoiceLine, Price, UsageRecord
 from tenants.models import User
 
 
+class PriceForm(forms.ModelForm[Price]):
+    class Meta:
+        model = Price
+        fields = [
+            "model",
+            "tenant",
+            "input_per_mtok",
+            "cached_input_per_mtok",
+            "output_per_mtok",
+            "batch_discount_percent",
+            "effective_from",
+        ]
+
+    def clean_effective_from(self) -> Any:
+        value = self.cleaned_data["effective_from"]
+        if value and value < timezone.now() - timedelta(minutes=1):
+            raise forms.ValidationError(
+                "A price cannot start in the past: usage already written keeps its price."
+            )
+        return value
+
+
 @admin.register(Price)
 class PriceAdmin(admin.ModelAdmin[Price]):
+    form = PriceForm
     list_display = [
         "model",
         "tenant",

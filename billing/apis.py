@@ -271,7 +271,16 @@ class InvoiceLinesCsvApi(APIView):
 
 class InvoiceFinalizeApi(APIView):
     class InputSerializer(serializers.Serializer):
-        period = serializers.RegexField(r"^\d{4}-(0[1-9]|1[0-2])$", help_text="YYYY-MM")
+        period = serializers.RegexField(
+            r"^\d{4}-(0[1-9]|1[0-2])$",
+            help_text="YYYY-MM",
+            error_messages={"invalid": "A month like 2026-11."},
+        )
+
+        def validate_period(self, value: str) -> str:
+            if not 2000 <= int(value[:4]) <= 9998:
+                raise serializers.ValidationError("Choose a month between 2000 and 9998.")
+            return value
 
     @extend_schema(request=InputSerializer, responses=InvoiceDetailOutputSerializer)
     def post(self, request: Request, slug: str) -> Response:
@@ -313,6 +322,8 @@ class UsageExportApi(APIView):
         def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
             if attrs["end"] < attrs["start"]:
                 raise serializers.ValidationError({"end": "Is before start."})
+            if attrs["end"] >= date(9999, 12, 31):
+                raise serializers.ValidationError({"end": "Must be before 9999-12-31."})
             return attrs
 
     @extend_schema(

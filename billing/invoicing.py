@@ -43,6 +43,8 @@ def month_bounds(period_start: date) -> tuple[datetime, datetime]:
 
 
 def _check_period(period_start: date) -> None:
+    if not 2000 <= period_start.year <= 9998:
+        raise ValidationError({"period_start": "Choose a month between 2000 and 9998."})
     if period_start.day != 1:
         raise ValidationError({"period_start": "An invoice covers a month: use its first day."})
 
@@ -147,8 +149,12 @@ def invoice_finalize(*, tenant: Tenant, period_start: date, actor: User | None) 
 
 
 def invoices_finalize_month(*, period_start: date) -> int:
-    """Finalize the month's invoice of every tenant that used the platform in it."""
+    """Finalize the month's invoice of every tenant that used the platform in it. One
+    tenant's failure is logged and does not stop the others (a rerun picks it up)."""
     _check_over(period_start)
+    from billing.services import usage_spool_flush
+
+    usage_spool_flush()  # records the gateways already spooled belong to the month
     start, end = month_bounds(period_start)
     tenant_ids = (
         UsageRecord.objects.filter(started_at__gte=start, started_at__lt=end)
@@ -157,8 +163,11 @@ def invoices_finalize_month(*, period_start: date) -> int:
     )
     done = 0
     for tenant in Tenant.objects.filter(pk__in=tenant_ids).order_by("pk"):
-        invoice_finalize(tenant=tenant, period_start=period_start, actor=None)
-        done += 1
+        try:
+            invoice_finalize(tenant=tenant, period_start=period_start, actor=None)
+            done += 1
+        except Exception:
+            log.exception("could not finalize %s's invoice for %s", tenant.slug, period_start)
     return done
 
 
@@ -170,6 +179,10 @@ def invoice_void(*, invoice: Invoice, actor: User | None) -> Invoice:
             return invoice
         if invoice.status == Invoice.Status.PAID:
             raise ValidationError({"status": "A paid invoice cannot be voided; refund it."})
+        if invoice.status == Invoice.Status.DRAFT:
+            raise ValidationError(
+                {"status": "A draft is not an invoice yet: there is nothing to void."}
+            )
         invoice.status = Invoice.Status.VOID
         invoice.voided_at = timezone.now()
         invoice.save(update_fields=["status", "voided_at"])

@@ -191,6 +191,7 @@ class Invoice(models.Model):
     stripe_status = models.CharField(max_length=32, blank=True)
     stripe_hosted_url = models.URLField(max_length=500, blank=True)
     stripe_charge_id = models.CharField(max_length=64, blank=True, db_index=True)
+    stripe_payment_intent_id = models.CharField(max_length=64, blank=True, db_index=True)
     # The Stripe event time that last changed this invoice's payment state: an older event
     # arriving late (Stripe does not promise order) must not undo a newer one.
     stripe_state_at = models.DateTimeField(null=True, blank=True)

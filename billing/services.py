@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import orjson
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
@@ -103,6 +103,11 @@ def usage_spool_flush(*, max_batches: int = 50) -> int:
 @transaction.atomic
 def daily_usage_refresh(*, tenant_id: int, day: date) -> int:
     """Recompute one tenant's rollup rows for one UTC day from the ledger (exact, idempotent)."""
+    if connection.vendor == "postgresql":
+        # One refresh of a (tenant, day) at a time: two concurrent ones would each delete
+        # what they see and both insert, doubling the day.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [tenant_id, day.toordinal()])
     start = datetime.combine(day, time.min, tzinfo=UTC)
     groups = (
         UsageRecord.objects.filter(
@@ -149,14 +154,14 @@ def daily_usage_refresh_stale(*, limit: int = 500) -> int:
     client = redis_sync()
     pairs = cast(list[bytes], client.spop(ROLLUP_DIRTY, limit) or [])
     done = 0
-    for raw in pairs:
-        tenant_id, day = raw.decode().split(":")
-        try:
+    try:
+        for raw in pairs:
+            tenant_id, day = raw.decode().split(":")
             daily_usage_refresh(tenant_id=int(tenant_id), day=date.fromisoformat(day))
             done += 1
-        except Exception:
-            client.sadd(ROLLUP_DIRTY, raw)
-            raise
+    finally:
+        if done < len(pairs):  # put back what this run did not get to
+            client.sadd(ROLLUP_DIRTY, *pairs[done:])
     return done
 
 

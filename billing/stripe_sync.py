@@ -47,9 +47,16 @@ def _idem(*parts: object) -> RequestOptions:
     return {"idempotency_key": "inferplane-" + "-".join(str(p) for p in parts)}
 
 
+@transaction.atomic
 def invoice_stripe_push(*, invoice_id: int) -> Invoice:
-    """Create (or finish creating) the Stripe customer, invoice and items, and finalize it."""
-    invoice = Invoice.objects.select_related("tenant").get(pk=invoice_id)
+    """Create (or finish creating) the Stripe customer, invoice and items, and finalize it.
+
+    Runs holding the invoice's row lock, so a void cannot slip in between our checks and
+    Stripe's finalization (a void waits, then sees the Stripe invoice and voids it there).
+    Should it crash midway, what it saved rolls back, and the retry replays the same
+    idempotency keys: Stripe answers with what it already created.
+    """
+    invoice = Invoice.objects.select_for_update().select_related("tenant").get(pk=invoice_id)
     if invoice.status not in (Invoice.Status.FINALIZED, Invoice.Status.PAID):
         return invoice
     if invoice.total_cents <= 0 or invoice.stripe_status in ("open", "paid", "void"):
@@ -138,7 +145,7 @@ def stripe_event_verify(*, payload: bytes, signature: str) -> stripe.Event:
 
 
 class EventDeferred(Exception):
-    """The event is about a payment we do not know yet (it overtook ``invoice.paid``): not
+    """The event cannot be applied right now (Stripe could not be asked about it): not
     recorded, so the webhook answers non-2xx and Stripe delivers it again later."""
 
 
@@ -169,18 +176,58 @@ def stripe_event_apply(*, event: stripe.Event) -> str:
                 return _paid(invoice, obj, created)
             return _payment_failed(invoice, obj, created)
         if event.type == "charge.refunded":
-            invoice = _locked(stripe_charge_id=obj.get("id") or "-")
+            invoice = _invoice_for_payment(
+                payment_intent=obj.get("payment_intent"), charge=obj.get("id")
+            )
             if invoice is None:
-                raise EventDeferred(f"charge {obj.get('id')} is not known yet")
+                return "ignored: not an Inferplane payment"
             return _refunded(invoice, obj)
         if event.type in ("charge.dispute.created", "charge.dispute.closed"):
             charge = obj.get("charge")
-            charge_id = charge.get("id") if isinstance(charge, dict) else charge
-            invoice = _locked(stripe_charge_id=charge_id or "-")
+            invoice = _invoice_for_payment(
+                payment_intent=obj.get("payment_intent"),
+                charge=charge.get("id") if isinstance(charge, dict) else charge,
+            )
             if invoice is None:
-                raise EventDeferred(f"charge {charge_id} is not known yet")
+                return "ignored: not an Inferplane payment"
             return _dispute(invoice, obj, created, opened=event.type.endswith("created"))
     return "ignored: event type not used"
+
+
+def _expandable_id(value: Any) -> str:
+    return str((value.get("id") if isinstance(value, dict) else value) or "")
+
+
+def _invoice_for_payment(*, payment_intent: Any, charge: Any) -> Invoice | None:
+    """Our invoice that a charge or payment intent paid. Refund and dispute events name only
+    the payment; since API version 2025-03-31 invoices name their payments only through
+    Stripe's InvoicePayment objects, so an unknown payment is looked up there once and then
+    remembered. ``EventDeferred`` when Stripe cannot be asked right now."""
+    pi, ch = _expandable_id(payment_intent), _expandable_id(charge)
+    for field, value in (("stripe_payment_intent_id", pi), ("stripe_charge_id", ch)):
+        if value and (found := _locked(**{field: value})):
+            return found
+    if not (pi or ch):
+        return None
+    try:
+        params: Any = (
+            {"payment": {"type": "payment_intent", "payment_intent": pi}}
+            if pi
+            else {"payment": {"type": "charge", "charge": ch}}
+        )
+        payments = stripe_client().v1.invoice_payments.list(params=params)
+    except StripeNotConfigured:
+        return None
+    except stripe.StripeError as exc:
+        raise EventDeferred(f"could not ask Stripe about payment {pi or ch}: {exc}") from exc
+    for payment in payments.data:
+        invoice = _locked(stripe_invoice_id=_expandable_id(payment.invoice) or "-")
+        if invoice is not None:
+            invoice.stripe_payment_intent_id = invoice.stripe_payment_intent_id or pi
+            invoice.stripe_charge_id = invoice.stripe_charge_id or ch
+            invoice.save(update_fields=["stripe_payment_intent_id", "stripe_charge_id"])
+            return invoice
+    return None
 
 
 def _paid(invoice: Invoice, obj: Any, at: datetime) -> str:
@@ -191,8 +238,18 @@ def _paid(invoice: Invoice, obj: Any, at: datetime) -> str:
     invoice.paid_at = at
     invoice.stripe_status = "paid"
     invoice.stripe_state_at = at
-    charge = obj.get("charge")
-    invoice.stripe_charge_id = (charge.get("id") if isinstance(charge, dict) else charge) or ""
+    # Older API versions name the payment on the invoice; newer ones list it in `payments`
+    # (when included). Either way it is remembered for refunds and disputes.
+    invoice.stripe_charge_id = _expandable_id(obj.get("charge")) or invoice.stripe_charge_id
+    invoice.stripe_payment_intent_id = (
+        _expandable_id(obj.get("payment_intent")) or invoice.stripe_payment_intent_id
+    )
+    for entry in (obj.get("payments") or {}).get("data") or ():
+        payment = entry.get("payment") or {}
+        invoice.stripe_payment_intent_id = invoice.stripe_payment_intent_id or _expandable_id(
+            payment.get("payment_intent")
+        )
+        invoice.stripe_charge_id = invoice.stripe_charge_id or _expandable_id(payment.get("charge"))
     invoice.save()
     audit_record(actor=None, tenant=invoice.tenant, action="invoice.paid", target=invoice)
     return "paid"

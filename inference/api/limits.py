@@ -22,7 +22,7 @@ from django.db.models import F, Sum
 from redis.asyncio.client import Pipeline
 
 from inference.api.auth import KeyInfo
-from inference.api.errors import ApiError
+from inference.api.errors import ApiError, overloaded
 from inference.api.lua import run_into, script
 from inference.api.redis import redis_async
 
@@ -274,7 +274,9 @@ async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
     tl, kl = key.tenant_limits, key.key_limits
     # LIMIT_NAMES order: rpm, tpm, max_concurrency, max_tokens_per_request, monthly tokens, spend
     limits = [tl[0], tl[1], tl[2], tl[4], kl[0], kl[1], kl[2], kl[4], tl[5], kl[5]]
-    for _ in range(3):
+    # Each pass seeds at most one missing monthly counter (four: tokens and spend, tenant
+    # and key), so five passes always end in a decision.
+    for _ in range(5):
         result = await script(ACQUIRE)(
             keys=[
                 t["rpm"],
@@ -302,6 +304,8 @@ async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
             nx=True,
             ex=_seconds_to_next_month() + 86400,
         )
+    if status == 2:  # counters keep vanishing (Redis being flushed): do not guess
+        raise overloaded(1, "Usage limits are being rebuilt. Retry shortly.")
     values = [int(v) for v in result[3:]]
     headers = _headers(values)
     if status == 1:

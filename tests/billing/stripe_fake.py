@@ -2,8 +2,8 @@
 library's HTTP-client layer. Everything above it (the library's request building, retries,
 idempotency headers, response parsing) runs for real.
 
-Responses are shaped like Stripe's (API version 2025+): the ids, objects and fields our
-code reads are the ones Stripe returns.
+Responses are shaped like Stripe's (API version 2026-10-28.endive, the library's): the
+ids, objects and fields our code reads are the ones Stripe returns.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ class RecordedStripe(stripe.HTTPClient):
         self.fail_on: str | None = None  # a path prefix that fails once (a crash mid-push)
         self._replies: dict[str, tuple[str, int]] = {}
         self._ids = 0
+        # What Stripe knows of payments: the payment intent that pays each finalized invoice.
+        self.payment_intents: dict[str, str] = {}
+        self.created: list[str] = []  # ids of the objects Stripe really created
 
     def request(
         self,
@@ -49,8 +52,9 @@ class RecordedStripe(stripe.HTTPClient):
         *,
         _usage: list[str] | None = None,
     ) -> tuple[str, int, Mapping[str, str]]:
-        path = urlparse(url).path
-        params = dict(parse_qsl(post_data or "", keep_blank_values=True))
+        parsed = urlparse(url)
+        path = parsed.path
+        params = dict(parse_qsl(post_data or parsed.query or "", keep_blank_values=True))
         key = (headers or {}).get("Idempotency-Key")
         self.calls.append(Call(method.upper(), path, params, key))
         if key and key in self._replies:
@@ -60,6 +64,8 @@ class RecordedStripe(stripe.HTTPClient):
             self.fail_on = None
             raise stripe.APIConnectionError("connection reset (recorded failure)")
         body, status = self._answer(path, params)
+        if method.upper() == "POST" and status == 200 and path.count("/") == 2:
+            self.created.append(json.loads(body)["id"])
         if key:
             self._replies[key] = (body, status)
         return body, status, {"request-id": f"req_{len(self.calls)}"}
@@ -100,6 +106,27 @@ class RecordedStripe(stripe.HTTPClient):
         elif path.endswith("/finalize"):
             obj = _invoice(path.split("/")[3], "cus_x", "open", now)
             obj["hosted_invoice_url"] = f"https://invoice.stripe.com/i/acct_test/{obj['id']}"
+            self.payment_intents[obj["id"]] = self._id("pi")
+        elif path == "/v1/invoice_payments":
+            wanted = p.get("payment[payment_intent]")
+            obj = {
+                "object": "list",
+                "url": "/v1/invoice_payments",
+                "has_more": False,
+                "data": [
+                    {
+                        "id": f"inpay_{pi}",
+                        "object": "invoice_payment",
+                        "invoice": invoice_id,
+                        "is_default": True,
+                        "livemode": False,
+                        "status": "paid",
+                        "payment": {"type": "payment_intent", "payment_intent": pi},
+                    }
+                    for invoice_id, pi in self.payment_intents.items()
+                    if pi == wanted
+                ],
+            }
         elif path.endswith("/void"):
             obj = _invoice(path.split("/")[3], "cus_x", "void", now)
         else:
@@ -139,7 +166,7 @@ def event(event_id: str, kind: str, obj: dict[str, Any], *, created: int) -> dic
     return {
         "id": event_id,
         "object": "event",
-        "api_version": "2025-10-29.clover",
+        "api_version": "2026-10-28.endive",
         "created": created,
         "type": kind,
         "livemode": False,

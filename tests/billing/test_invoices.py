@@ -19,7 +19,7 @@ from billing import stripe_sync
 from billing.invoicing import invoice_compute, invoice_finalize, micros_to_cents
 from billing.models import BillingAccount, Invoice, StripeEvent, UsageRecord
 from billing.services import usage_records_insert
-from billing.stripe_sync import invoice_stripe_push
+from billing.stripe_sync import invoice_stripe_push, invoice_stripe_void
 from tenants.models import AuditEvent, Tenant
 from tests.billing.stripe_fake import RecordedStripe, event, signed
 from tests.billing.test_usage import _record
@@ -164,10 +164,11 @@ def test_a_push_that_crashed_midway_resumes_without_duplicates(
     with pytest.raises(Exception, match="recorded failure"):
         invoice_stripe_push(invoice_id=invoice.pk)
     invoice_stripe_push(invoice_id=invoice.pk)  # the task's retry
-    paths = [c.path for c in stripe_http.calls]
-    assert paths.count("/v1/customers") == 1 and paths.count("/v1/invoices") == 1
-    items = {c.idempotency_key: c.params["amount"] for c in stripe_http.calls if "items" in c.path}
-    assert sorted(items.values()) == ["100", "200"]  # each line once (the failed try, retried)
+    # The retry replayed the same idempotency keys: Stripe created each object once.
+    kinds = [object_id.split("_")[0] for object_id in stripe_http.created]
+    assert sorted(kinds) == ["cus", "ii", "ii", "in"]
+    amounts = sorted(c.params["amount"] for c in stripe_http.calls if c.path == "/v1/invoiceitems")
+    assert set(amounts) == {"100", "200"}
     assert Invoice.objects.get().stripe_status == "open"
 
 
@@ -204,11 +205,11 @@ def _deliver(payload: dict[str, Any], secret: str = SECRET) -> Any:
 
 
 def _paid(invoice: Invoice, event_id: str, created: int) -> dict[str, Any]:
+    # As the current API version sends it: the invoice names no charge or payment intent.
     obj = {
         "id": invoice.stripe_invoice_id,
         "object": "invoice",
         "status": "paid",
-        "charge": "ch_Test1",
         "amount_paid": invoice.total_cents,
     }
     return event(event_id, "invoice.paid", obj, created=created)
@@ -257,23 +258,28 @@ def test_a_failed_payment_then_a_later_success(sent_invoice: Invoice) -> None:
 
 
 @pytest.mark.django_db
-def test_refunds_and_disputes_in_any_order(sent_invoice: Invoice) -> None:
+def test_refunds_and_disputes_in_any_order(
+    sent_invoice: Invoice, stripe_http: RecordedStripe
+) -> None:
     t = 1_800_000_000
-    charge = {"id": "ch_Test1", "object": "charge", "invoice": sent_invoice.stripe_invoice_id}
+    pi = stripe_http.payment_intents[sent_invoice.stripe_invoice_id]
+    charge = {"id": "ch_Test1", "object": "charge", "payment_intent": pi}
     dispute = {
         "id": "dp_1",
         "object": "dispute",
         "charge": "ch_Test1",
+        "payment_intent": pi,
         "status": "needs_response",
         "reason": "fraudulent",
     }
-    # The dispute overtook the payment: deferred (non-2xx, Stripe retries), not lost.
+    # A dispute that overtook the payment: Stripe is asked which invoice the payment paid.
+    stripe_http.fail_on = "/v1/invoice_payments"  # ... and cannot answer right now
     early = _deliver(event("evt_d", "charge.dispute.created", dispute, created=t + 10))
     assert early.status_code == 409 and not StripeEvent.objects.filter(event_id="evt_d").exists()
-    _deliver(_paid(sent_invoice, "evt_p", t))
     again = _deliver(event("evt_d", "charge.dispute.created", dispute, created=t + 10))
-    assert again.status_code == 200
+    assert again.status_code == 200 and again.json()["outcome"] == "dispute recorded"
     assert Invoice.objects.get().disputed is True
+    _deliver(_paid(sent_invoice, "evt_p", t))
     # Cumulative refund totals delivered out of order: the larger one stands.
     _deliver(event("evt_r2", "charge.refunded", {**charge, "amount_refunded": 500}, created=t + 30))
     _deliver(event("evt_r1", "charge.refunded", {**charge, "amount_refunded": 200}, created=t + 20))
@@ -283,7 +289,22 @@ def test_refunds_and_disputes_in_any_order(sent_invoice: Invoice) -> None:
     _deliver(event("evt_d0", "charge.dispute.created", dispute, created=t + 10))
     invoice = Invoice.objects.get()
     assert invoice.refunded_cents == 500 and invoice.disputed is False
-    assert invoice.status == "paid"
+    assert (invoice.status, invoice.stripe_payment_intent_id) == ("paid", pi)
+    lookups = [c for c in stripe_http.calls if c.path == "/v1/invoice_payments"]
+    assert len(lookups) == 2  # the failed try and one answer; then the payment is known
+
+
+@pytest.mark.django_db
+def test_payments_that_are_not_ours_are_acknowledged(sent_invoice: Invoice) -> None:
+    refund = {
+        "id": "ch_other",
+        "object": "charge",
+        "payment_intent": "pi_other",
+        "amount_refunded": 9,
+    }
+    response = _deliver(event("evt_x", "charge.refunded", refund, created=1_800_000_000))
+    assert response.status_code == 200 and response.json()["outcome"].startswith("ignored")
+    assert Invoice.objects.get().refunded_cents == 0
 
 
 # --- The API ---------------------------------------------------------------------------------
@@ -405,6 +426,7 @@ def test_finalize_invoices_command() -> None:
         (["--month", "2026-13"], "--month must look like"),
         (["--month", "2026-10", "--tenant", "nope"], "no tenant"),
         (["--month", "2999-01"], "not over yet"),
+        (["--month", "9999-12"], "--month must look like"),
     ],
 )
 def test_finalize_invoices_bad_input(args: list[str], message: str) -> None:
@@ -453,3 +475,61 @@ def test_an_invoice_spanning_a_price_change_charges_each_record_its_own_price() 
     invoice = invoice_compute(tenant=tenant, period_start=OCT)
     # 10,000 tokens at $1/1M + 10,000 at $3/1M = 40,000 micro-dollars = 4 cents.
     assert (invoice.cost_micros, invoice.total_cents) == (40_000, 4)
+
+
+def test_void_a_finalized_invoice_and_its_stripe_copy(
+    people: TenantPeople, stripe_http: RecordedStripe, django_capture_on_commit_callbacks: Any
+) -> None:
+    _usage(people.tenant, ("big", "online", 5_000_000))
+    staff = client_for(people.staff)
+    draft = invoice_compute(tenant=people.tenant, period_start=OCT)
+    refused = staff.post(f"/api/tenants/acme/invoices/{draft.pk}/void/")
+    assert refused.status_code == 400 and "draft" in str(refused.json())
+    invoice = invoice_finalize(tenant=people.tenant, period_start=OCT, actor=None)
+    invoice_stripe_push(invoice_id=invoice.pk)
+    for persona in ("finance", "owner"):
+        denied = client_for(people.user(persona)).post(
+            f"/api/tenants/acme/invoices/{invoice.pk}/void/"
+        )
+        assert denied.status_code == 403
+    with django_capture_on_commit_callbacks() as queued:
+        voided = staff.post(f"/api/tenants/acme/invoices/{invoice.pk}/void/")
+    assert voided.status_code == 200 and voided.json()["status"] == "void"
+    assert len(queued) == 1  # the Stripe void task, after commit
+    invoice_stripe_void(invoice_id=invoice.pk)  # what that task runs
+    void_calls = [c for c in stripe_http.calls if c.path.endswith("/void")]
+    assert [c.idempotency_key for c in void_calls] == [f"inferplane-invoice-{invoice.pk}-void"]
+    assert Invoice.objects.get().stripe_status == "void"
+    # Void is final: finalizing the month again changes nothing.
+    assert invoice_finalize(tenant=people.tenant, period_start=OCT, actor=None).status == "void"
+
+
+def test_outsiders_cannot_finalize_or_void(people: TenantPeople, billed: Invoice) -> None:
+    client = client_for(people.outsider)
+    finalize = client.post(
+        "/api/tenants/acme/invoices/finalize/", {"period": "2026-10"}, format="json"
+    )
+    assert finalize.status_code == 404
+    assert client.post(f"/api/tenants/acme/invoices/{billed.pk}/void/").status_code == 404
+    # Through their own tenant: refused before any lookup (voiding is for operators only).
+    assert client.post(f"/api/tenants/globex/invoices/{billed.pk}/void/").status_code == 403
+    assert Invoice.objects.get(pk=billed.pk).status == "draft"
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("invoices/finalize/", {"period": "0000-01"}),
+        ("invoices/finalize/", {"period": "9999-12"}),
+        ("usage.csv", {"start": "2026-10-01", "end": "9999-12-31"}),
+    ],
+)
+def test_extreme_dates_get_400_not_500(
+    people: TenantPeople, path: str, params: dict[str, str]
+) -> None:
+    client = client_for(people.staff)
+    url = f"/api/tenants/acme/{path}"
+    response = (
+        client.post(url, params, format="json") if "finalize" in path else client.get(url, params)
+    )
+    assert response.status_code == 400

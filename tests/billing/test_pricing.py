@@ -16,6 +16,7 @@ from django.core.management import call_command
 from billing.models import DailyUsage, Price, UsageRecord
 from billing.pricing import micros_to_usd, usage_cost_micros
 from billing.services import (
+    daily_usage_refresh,
     daily_usage_refresh_stale,
     price_set,
     usage_records_insert,
@@ -91,10 +92,13 @@ def test_records_are_charged_the_price_in_force_when_they_started(model: Model) 
     after = _insert(tenant, MID_NOV, prompt_tokens=1000, completion_tokens=500)
     assert before.cost_micros == 1000 * 0.15 + 500 * 0.60 == 450
     assert after.cost_micros == 900
-    # A price added later never rewrites what was charged.
-    _price(model, datetime(2026, 11, 20, tzinfo=UTC), input="9", output="9", cached="9")
+    # A price added later never rewrites what was charged, even one that (entered by hand)
+    # claims to have been in force then; and the rollups, recomputed, keep the charged cost.
+    _price(model, MID_NOV - timedelta(hours=1), input="9", output="9", cached="9")
+    daily_usage_refresh(tenant_id=tenant.pk, day=MID_NOV.date())
     before.refresh_from_db()
     assert before.cost_micros == 450
+    assert _rollup_totals(tenant)[2] == 450 + 900
 
 
 def test_a_contract_price_wins_for_its_tenant_only(model: Model) -> None:

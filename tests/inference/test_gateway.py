@@ -19,7 +19,7 @@ from billing.models import Price, UsageRecord
 from inference.catalog import catalog_publish
 from inference.models import Model, Pool
 from tenants.models import ApiKey, AuditEvent
-from tenants.services import api_key_revoke, tenant_update
+from tenants.services import api_key_limits_update, api_key_revoke, tenant_update
 from tests.live import settled_counters, wait_for
 from tests.serving import World
 
@@ -436,7 +436,11 @@ def test_monthly_spend_budget_trips_at_the_right_request_and_warns_at_80_percent
         effective_from=datetime.now(UTC) - timedelta(days=1),
     )
     catalog_publish()
-    tenant, key = world.tenant(monthly_spend_budget_micros=60_000)
+    # Three budgets to seed on the first request of the month: tenant tokens and spend, and
+    # the key's tokens (generous; the spend budget is the one that trips).
+    tenant, key = world.tenant(monthly_spend_budget_micros=60_000, monthly_token_budget=10**9)
+    api_key = ApiKey.objects.get(tenant=tenant)
+    api_key_limits_update(api_key=api_key, actor=None, limits={"monthly_token_budget": 10**9})
     client = world.stack.openai(key)
     time.sleep(1.5)  # web processes pick up a new catalog (here: the price) within a second
     served = 0

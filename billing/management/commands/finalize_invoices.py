@@ -24,6 +24,8 @@ class Command(BaseCommand):
         try:
             year, month = (int(x) for x in options["month"].split("-"))
             period = date(year, month, 1)
+            if not 2000 <= year <= 9998:
+                raise ValueError
         except ValueError:
             raise CommandError(
                 f"--month must look like 2026-11, not {options['month']!r}"
