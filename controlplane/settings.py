@@ -257,6 +257,9 @@ SPECTACULAR_SETTINGS = {
 
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "static"
+# Uploaded files (LoRA adapters): a directory under var/ by default.
+MEDIA_ROOT = Path(env_str("INFERPLANE_MEDIA_ROOT", str(VAR_DIR / "media")))
+ADAPTER_MAX_BYTES = env_int("INFERPLANE_ADAPTER_MAX_BYTES", 256 * 1024 * 1024, minimum=1024)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {

@@ -19,6 +19,12 @@ class Model(models.Model):
         validators=[MinValueValidator(16), MaxValueValidator(10_000_000)]
     )
     supports_lora = models.BooleanField(default=False)
+    architecture = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The base model's config.json (hidden_size, num_hidden_layers, ...): what "
+        "LoRA adapters for it are checked against.",
+    )
     is_public = models.BooleanField(
         default=True, help_text="Visible to every tenant; otherwise only to allowed_tenants."
     )
@@ -59,6 +65,11 @@ class Pool(models.Model):
         default=30,
         validators=[MinValueValidator(1), MaxValueValidator(3600)],
         help_text="How long a request may wait for admission before it gets 503.",
+    )
+    max_lora_rank = models.PositiveSmallIntegerField(
+        default=8,
+        validators=[MinValueValidator(1), MaxValueValidator(512)],
+        help_text="The engines' --max-lora-rank: adapters of a higher rank are refused.",
     )
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import httpx
 from django.conf import settings
@@ -17,16 +18,21 @@ log = logging.getLogger(__name__)
 
 @transaction.atomic
 def model_ensure(
-    *, name: str, served_name: str, context_length: int, supports_lora: bool = False
+    *,
+    name: str,
+    served_name: str,
+    context_length: int,
+    supports_lora: bool = False,
+    architecture: dict[str, Any] | None = None,
 ) -> Model:
-    model, _ = Model.objects.update_or_create(
-        name=name,
-        defaults={
-            "served_name": served_name,
-            "context_length": context_length,
-            "supports_lora": supports_lora,
-        },
-    )
+    defaults: dict[str, Any] = {
+        "served_name": served_name,
+        "context_length": context_length,
+        "supports_lora": supports_lora,
+    }
+    if architecture is not None:
+        defaults["architecture"] = architecture
+    model, _ = Model.objects.update_or_create(name=name, defaults=defaults)
     transaction.on_commit(catalog_publish)
     return model
 

@@ -21,6 +21,7 @@ class Perm(StrEnum):
     KEY_LIMITS_EDIT = "keys.limits"
     AUDIT_VIEW = "audit.view"
     BILLING_VIEW = "billing.view"
+    ADAPTERS_MANAGE = "adapters.manage"  # upload and delete LoRA adapters
     PLATFORM = "platform"  # tenant status, weight and tenant limits: operators only
 
 
@@ -34,6 +35,7 @@ ROLE_PERMS: dict[str, frozenset[Perm]] = {
             Perm.KEY_LIMITS_EDIT,
             Perm.AUDIT_VIEW,
             Perm.BILLING_VIEW,
+            Perm.ADAPTERS_MANAGE,
         }
     ),
     Role.ADMIN: frozenset(
@@ -45,9 +47,10 @@ ROLE_PERMS: dict[str, frozenset[Perm]] = {
             Perm.KEY_LIMITS_EDIT,
             Perm.AUDIT_VIEW,
             Perm.BILLING_VIEW,
+            Perm.ADAPTERS_MANAGE,
         }
     ),
-    Role.DEVELOPER: frozenset({Perm.VIEW, Perm.KEYS_CREATE}),
+    Role.DEVELOPER: frozenset({Perm.VIEW, Perm.KEYS_CREATE, Perm.ADAPTERS_MANAGE}),
     Role.FINANCE: frozenset({Perm.VIEW, Perm.BILLING_VIEW}),
     Role.VIEWER: frozenset({Perm.VIEW}),
 }

@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import shutil
+import tempfile
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.files import File
+from django.core.files.storage import default_storage
 from django.db import IntegrityError, transaction
+from django.db.models import Max
 from django.utils import timezone
 
+from inference.models import Model
+from tenants import lora
 from tenants.keys import key_generate
-from tenants.models import ApiKey, AuditEvent, LimitFields, Membership, Role, Tenant, User
+from tenants.models import (
+    Adapter,
+    ApiKey,
+    AuditEvent,
+    LimitFields,
+    Membership,
+    Role,
+    Tenant,
+    User,
+    adapter_name_validator,
+)
 
 
 @dataclass(frozen=True)
@@ -359,3 +380,188 @@ def api_keys_last_used_flush() -> int:
             last_used_at=datetime.fromtimestamp(stamp, tz=UTC)
         )
     return len(stamps)
+
+
+# --- LoRA adapters -------------------------------------------------------------------------------
+
+ADAPTER_PARTS = ("archive", "adapter_config", "adapter_model")
+
+
+def _adapter_staging() -> str:
+    return f"adapter-uploads/{uuid.uuid4().hex}/"
+
+
+@transaction.atomic
+def adapter_upload(
+    *, tenant: Tenant, name: str, files: Mapping[str, File], actor: User | None
+) -> Adapter:
+    """Take an upload (an ``archive``, or ``adapter_config`` + ``adapter_model``) into staging
+    and queue its validation. The new version is ``validating`` until then."""
+    if set(files) not in ({"archive"}, {"adapter_config", "adapter_model"}):
+        raise ValidationError(
+            {
+                "files": "Send either one archive (.zip or .tar.gz) or both adapter_config "
+                "(adapter_config.json) and adapter_model (adapter_model.safetensors)."
+            }
+        )
+    adapter_name_validator(name)
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).first()  # versions in order
+    latest = Adapter.objects.filter(tenant=tenant, name=name).aggregate(v=Max("version"))["v"]
+    staging = _adapter_staging()
+    size = 0
+    for part, upload in files.items():
+        size += upload.size or 0
+        default_storage.save(staging + part, upload)
+    adapter = Adapter.objects.create(
+        tenant=tenant,
+        name=name,
+        version=(latest or 0) + 1,
+        staging_path=staging,
+        size_bytes=size,
+        created_by=actor,
+    )
+    audit_record(
+        actor=actor,
+        tenant=tenant,
+        action="adapter.upload",
+        target=adapter,
+        details={"name": name, "version": adapter.version, "bytes": size},
+    )
+    from tenants.tasks import adapter_validate_task
+
+    transaction.on_commit(lambda: adapter_validate_task.delay(adapter.pk))
+    return adapter
+
+
+def _staged_copy(staging: str, workdir: Path) -> dict[str, Path]:
+    """The staged upload as local files (storage may be S3), archives unpacked safely."""
+    local: dict[str, Path] = {}
+    for part in ADAPTER_PARTS:
+        if default_storage.exists(staging + part):
+            target = workdir / part
+            with default_storage.open(staging + part, "rb") as src, target.open("wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            local[part] = target
+    if "archive" in local:
+        out_dir = workdir / "unpacked"
+        out_dir.mkdir()
+        return lora.unpack(local["archive"], out_dir, max_bytes=settings.ADAPTER_MAX_BYTES)
+    return {lora.CONFIG: local["adapter_config"], lora.WEIGHTS: local["adapter_model"]}
+
+
+def adapter_validate(*, adapter_id: int) -> Adapter:
+    """Check the staged upload against the base models that serve LoRA; keep it
+    content-addressed if it passes. Either way the staging area is emptied."""
+    adapter = Adapter.objects.select_related("tenant").get(pk=adapter_id)
+    if adapter.status != Adapter.Status.VALIDATING:
+        return adapter
+    staging = adapter.staging_path
+    try:
+        with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
+            try:
+                files = _staged_copy(staging, Path(tmp))
+                model, info = _validate_against_models(files)
+            except lora.Rejected as exc:
+                return _adapter_reject(adapter, str(exc))
+            digest = hashlib.sha256()
+            for part in (lora.CONFIG, lora.WEIGHTS):
+                with files[part].open("rb") as f:
+                    while chunk := f.read(1 << 20):
+                        digest.update(chunk)
+            sha = digest.hexdigest()
+            home = f"adapters/{sha}/"
+            for part in (lora.CONFIG, lora.WEIGHTS):
+                if not default_storage.exists(home + part):
+                    with files[part].open("rb") as f:
+                        default_storage.save(home + part, File(f))
+        adapter.status = Adapter.Status.READY
+        adapter.sha256 = sha
+        adapter.base_model = model
+        adapter.rank, adapter.alpha = info.rank, info.alpha
+        adapter.target_modules = list(info.target_modules)
+        adapter.size_bytes = sum(
+            default_storage.size(home + p) for p in (lora.CONFIG, lora.WEIGHTS)
+        )
+        adapter.validated_at = timezone.now()
+        adapter.staging_path = ""
+        adapter.save()
+        audit_record(
+            actor=None,
+            tenant=adapter.tenant,
+            action="adapter.ready",
+            target=adapter,
+            details={"sha256": sha, "rank": info.rank, "base_model": model.name},
+        )
+        return adapter
+    finally:
+        _storage_remove(staging)
+
+
+def _validate_against_models(files: dict[str, Path]) -> tuple[Model, lora.AdapterInfo]:
+    candidates = [m for m in Model.objects.filter(supports_lora=True) if m.architecture]
+    if not candidates:
+        raise lora.Rejected("No model served here accepts LoRA adapters.")
+    problems = []
+    for model in candidates:
+        pools = list(model.pools.all())
+        max_rank = min((p.max_lora_rank for p in pools), default=8)
+        names = [model.name, model.served_name, str(model.architecture.get("_name_or_path", ""))]
+        try:
+            info = lora.validate(
+                files,
+                base_names=[n for n in names if n],
+                max_rank=max_rank,
+                arch=lora.Architecture.from_config(model.architecture),
+            )
+            return model, info
+        except lora.Rejected as exc:
+            problems.append(str(exc))
+    raise lora.Rejected(problems[0])
+
+
+def _adapter_reject(adapter: Adapter, reason: str) -> Adapter:
+    adapter.status = Adapter.Status.REJECTED
+    adapter.reason = reason[:500]
+    adapter.staging_path = ""
+    adapter.validated_at = timezone.now()
+    adapter.save()
+    audit_record(
+        actor=None,
+        tenant=adapter.tenant,
+        action="adapter.rejected",
+        target=adapter,
+        details={"reason": adapter.reason},
+    )
+    return adapter
+
+
+def _storage_remove(prefix: str) -> None:
+    if not prefix:
+        return
+    dirs, files = default_storage.listdir(prefix) if default_storage.exists(prefix) else ([], [])
+    for name in files:
+        default_storage.delete(prefix + name)
+    for name in dirs:
+        _storage_remove(f"{prefix}{name}/")
+    with contextlib.suppress(OSError, NotImplementedError):
+        default_storage.delete(prefix.rstrip("/"))
+
+
+@transaction.atomic
+def adapter_delete(*, adapter: Adapter, actor: User | None) -> Adapter:
+    """Delete one version. Its files go when no other adapter (any tenant) shares them."""
+    adapter = Adapter.objects.select_for_update().get(pk=adapter.pk)
+    if adapter.deleted_at:
+        return adapter
+    adapter.deleted_at = timezone.now()
+    adapter.save(update_fields=["deleted_at"])
+    audit_record(actor=actor, tenant=adapter.tenant, action="adapter.delete", target=adapter)
+    sha = adapter.sha256
+    shared = Adapter.objects.filter(sha256=sha, deleted_at__isnull=True).exists() if sha else True
+
+    def remove() -> None:
+        if sha and not shared:
+            _storage_remove(f"adapters/{sha}/")
+
+    transaction.on_commit(remove)
+    return adapter

@@ -5,6 +5,7 @@ Safe to re-run: existing rows are kept, and the demo key is re-issued only when 
 saved in ``var/demo-api-key`` no longer works.
 """
 
+import json
 import os
 import secrets
 from decimal import Decimal
@@ -61,7 +62,23 @@ class Command(BaseCommand):
             _private_file(key_file, issued.secret)
 
         name = options["model_name"]
-        model = model_ensure(name=name, served_name=name, context_length=options["context_length"])
+        # The tiny model's config (MODEL_DIR, set by the Makefile): what LoRA uploads are
+        # checked against.
+        config_file = Path(os.environ.get("MODEL_DIR", "")) / "config.json"
+        architecture = None
+        if config_file.is_file():
+            # Adapters name their base by its weights' path; ours is the model directory.
+            architecture = {
+                **json.loads(config_file.read_text()),
+                "_name_or_path": config_file.parent.name,
+            }
+        model = model_ensure(
+            name=name,
+            served_name=name,
+            context_length=options["context_length"],
+            supports_lora=architecture is not None,
+            architecture=architecture,
+        )
         pool_ensure(
             name="online", kind="dedicated", model=model, replica_urls=[options["online_url"]]
         )

@@ -1,0 +1,282 @@
+"""LoRA adapter validation: real PEFT-layout adapters for the tiny model pass; malformed,
+pickle-bearing, wrong-base, wrong-shape and hostile archives are refused with a reason."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import tarfile
+import zipfile
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenants.lora import CONFIG, WEIGHTS, Architecture, Rejected, unpack, validate
+
+# The generated tiny-chat model (scripts/make_tiny_model.py): hidden 128, 2 heads of 64,
+# 2 layers, MLP 256.
+TINY = Architecture.from_config(
+    {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+    }
+)
+BASES = ["tiny-chat", "/models/tiny-chat-v1"]
+MB = 1024 * 1024
+
+
+def safetensors(tensors: dict[str, list[int]], *, tamper: Any = None) -> bytes:
+    """A safetensors file of F32 tensors with deterministic values."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    data = bytearray()
+    for name, shape in tensors.items():
+        count = shape[0] * shape[1]
+        values = array("f", (((i * 7919) % 1000) / 1e4 for i in range(count))).tobytes()
+        header[name] = {
+            "dtype": "F32",
+            "shape": shape,
+            "data_offsets": [len(data), len(data) + len(values)],
+        }
+        data += values
+    if tamper:
+        tamper(header)
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + bytes(data)
+
+
+def lora_tensors(
+    rank: int = 8, modules: tuple[str, ...] = ("q_proj", "v_proj")
+) -> dict[str, list[int]]:
+    out = {}
+    for layer in range(TINY.num_hidden_layers):
+        for module in modules:
+            block = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            prefix = f"base_model.model.model.layers.{layer}.{block}.{module}"
+            in_f, out_f = TINY.in_out(module)
+            out[f"{prefix}.lora_A.weight"] = [rank, in_f]
+            out[f"{prefix}.lora_B.weight"] = [out_f, rank]
+    return out
+
+
+def config(**overrides: Any) -> bytes:
+    return json.dumps(
+        {
+            "peft_type": "LORA",
+            "r": 8,
+            "lora_alpha": 16,
+            "target_modules": ["q_proj", "v_proj"],
+            "base_model_name_or_path": "/models/tiny-chat-v1",
+            "task_type": "CAUSAL_LM",
+            **overrides,
+        }
+    ).encode()
+
+
+def write_adapter(
+    folder: Path, *, cfg: bytes | None = None, weights: bytes | None = None
+) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG).write_bytes(cfg if cfg is not None else config())
+    (folder / WEIGHTS).write_bytes(weights if weights is not None else safetensors(lora_tensors()))
+    return {CONFIG: folder / CONFIG, WEIGHTS: folder / WEIGHTS}
+
+
+def check(files: dict[str, Path], max_rank: int = 8) -> Any:
+    return validate(files, base_names=BASES, max_rank=max_rank, arch=TINY)
+
+
+def test_a_real_adapter_passes(tmp_path: Path) -> None:
+    info = check(write_adapter(tmp_path))
+    assert (info.rank, info.alpha, info.target_modules, info.tensors) == (
+        8,
+        16.0,
+        ("q_proj", "v_proj"),
+        8,
+    )
+
+
+def test_every_supported_module_and_a_smaller_rank(tmp_path: Path) -> None:
+    modules = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    files = write_adapter(
+        tmp_path,
+        cfg=config(r=4, target_modules=list(modules)),
+        weights=safetensors(lora_tensors(4, modules)),
+    )
+    assert check(files).tensors == 2 * 7 * 2
+
+
+@pytest.mark.parametrize(
+    ("cfg", "reason"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        (config(peft_type="PREFIX_TUNING"), "Only LoRA"),
+        (config(r=16), "above this pool's maximum LoRA rank of 8"),
+        (config(r="8"), "positive integer rank"),
+        (config(target_modules="q_proj"), "non-empty list"),
+        (config(target_modules=["q_proj", "lm_head"]), "Unsupported target modules ['lm_head']"),
+        (config(base_model_name_or_path="meta-llama/Llama-3-8B"), "trained for 'meta-llama"),
+    ],
+)
+def test_bad_configs_are_refused_with_a_reason(tmp_path: Path, cfg: bytes, reason: str) -> None:
+    with pytest.raises(Rejected, match=reason.replace("[", r"\[").replace("]", r"\]")):
+        check(write_adapter(tmp_path, cfg=cfg))
+
+
+def _drop(name: str) -> Any:
+    return lambda header: header.pop(name)
+
+
+@pytest.mark.parametrize(
+    ("weights", "reason"),
+    [
+        (b"\x80\x04\x95pickle-bytes", "not a safetensors file"),
+        (struct.pack("<Q", 10**9) + b"{}", "bad header length"),
+        (struct.pack("<Q", 4) + b"nope", "header is not JSON"),
+        (
+            safetensors({**lora_tensors(), "lm_head.weight": [512, 128]}),
+            "not a LoRA weight",
+        ),
+        (
+            safetensors(
+                lora_tensors(),
+                tamper=_drop("base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"),
+            ),
+            "lacks lora_B of v_proj in layer 1",
+        ),
+        (safetensors(lora_tensors(rank=4)), "must be \\[8, 128\\]"),
+        (
+            safetensors(
+                {
+                    **lora_tensors(),
+                    "base_model.model.model.layers.5.self_attn.q_proj.lora_A.weight": [8, 128],
+                }
+            ),
+            "the base model has 2 layers",
+        ),
+        (
+            safetensors(
+                lora_tensors(),
+                tamper=lambda h: h[
+                    "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+                ].update(data_offsets=[0, 10**9]),
+            ),
+            "points outside the file",
+        ),
+        (
+            safetensors(
+                lora_tensors(),
+                tamper=lambda h: h[
+                    "base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight"
+                ].update(data_offsets=[0, 4096]),
+            ),
+            "overlapping",
+        ),
+        (
+            safetensors(
+                lora_tensors(),
+                tamper=lambda h: h[
+                    "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+                ].update(dtype="I64"),
+            ),
+            "use F32, F16 or BF16",
+        ),
+    ],
+)
+def test_bad_weights_are_refused_with_a_reason(tmp_path: Path, weights: bytes, reason: str) -> None:
+    with pytest.raises(Rejected, match=reason):
+        check(write_adapter(tmp_path, weights=weights))
+
+
+# --- Archives -----------------------------------------------------------------------------------
+
+
+def zip_of(entries: dict[str, bytes], *, symlink: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in entries.items():
+            zf.writestr(name, data)
+        if symlink:
+            info = zipfile.ZipInfo(symlink)
+            info.external_attr = 0o120777 << 16
+            zf.writestr(info, "/etc/passwd")
+    return buf.getvalue()
+
+
+def tar_of(entries: dict[str, bytes], *, link: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, data in entries.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        if link:
+            info = tarfile.TarInfo(link)
+            info.type = tarfile.SYMTYPE
+            info.linkname = "/etc/passwd"
+            tf.addfile(info)
+    return buf.getvalue()
+
+
+GOOD = {f"my-adapter/{CONFIG}": config(), f"my-adapter/{WEIGHTS}": safetensors(lora_tensors())}
+
+
+@pytest.mark.parametrize("pack", [zip_of, tar_of])
+def test_archives_of_a_real_adapter_pass(tmp_path: Path, pack: Any) -> None:
+    archive = tmp_path / "upload"
+    archive.write_bytes(pack({**GOOD, "my-adapter/README.md": b"# notes"}))
+    out = tmp_path / "out"
+    out.mkdir()
+    files = unpack(archive, out, max_bytes=10 * MB)
+    assert check(files).tensors == 8
+    assert sorted(p.name for p in out.iterdir()) == [CONFIG, WEIGHTS]
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (zip_of({**GOOD, "../../etc/cron.d/evil": b"x"}), "points outside"),
+        (zip_of({**GOOD, "/etc/evil": b"x"}), "points outside"),
+        (zip_of(GOOD, symlink="my-adapter/link"), "link or special file"),
+        (tar_of(GOOD, link="my-adapter/link"), "link or special file"),
+        (tar_of({**GOOD, "../evil": b"x"}), "points outside"),
+        (zip_of({**GOOD, "my-adapter/pytorch_model.bin": b"\x80\x04"}), "pickle-based"),
+        (tar_of({f"a/{CONFIG}": config(), "a/adapter_model.bin": b"\x80\x04"}), "pickle-based"),
+        (zip_of({**GOOD, "my-adapter/train.py": b"import os"}), "Unexpected file"),
+        (zip_of({f"a/{CONFIG}": config()}), f"missing {WEIGHTS}"),
+        (zip_of({f"{i}/README.md": b"" for i in range(20)}), "entries"),
+        (b"not an archive at all", "neither a .zip nor a .tar.gz"),
+        (b"PK\x03\x04 broken", "damaged"),
+        (b"\x1f\x8b broken", "damaged"),
+    ],
+)
+def test_hostile_archives_are_refused_and_leave_nothing_outside(
+    tmp_path: Path, payload: bytes, reason: str
+) -> None:
+    archive = tmp_path / "upload"
+    archive.write_bytes(payload)
+    out = tmp_path / "sandbox" / "out"
+    out.mkdir(parents=True)
+    with pytest.raises(Rejected, match=reason):
+        unpack(archive, out, max_bytes=10 * MB)
+    written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
+    assert written <= {"upload", f"sandbox/out/{CONFIG}", f"sandbox/out/{WEIGHTS}"}
+
+
+def test_archive_bombs_are_refused(tmp_path: Path) -> None:
+    zeros = bytes(64 * MB)  # compresses about 1000 to 1
+    zip_bomb = tmp_path / "bomb.zip"
+    zip_bomb.write_bytes(zip_of({f"a/{CONFIG}": config(), f"a/{WEIGHTS}": zeros}))
+    with pytest.raises(Rejected, match="archive bomb"):
+        unpack(zip_bomb, tmp_path, max_bytes=512 * MB)
+    tar_bomb = tmp_path / "bomb.tgz"
+    tar_bomb.write_bytes(tar_of({f"a/{CONFIG}": config(), f"a/{WEIGHTS}": zeros}))
+    with pytest.raises(Rejected, match="far more than an adapter"):
+        unpack(tar_bomb, tmp_path, max_bytes=8 * MB)
