@@ -73,7 +73,8 @@ COPY templates ./templates
 RUN SECRET_KEY=collectstatic-build-only ALLOWED_HOSTS=localhost \
         python manage.py collectstatic --noinput \
     && python -m compileall -q controlplane tenants inference billing moderation \
-    && chown inferplane:inferplane /app/var
+    && mkdir -p /app/var/media \
+    && chown inferplane:inferplane /app/var /app/var/media
 
 USER 10001:10001
 EXPOSE 8000
