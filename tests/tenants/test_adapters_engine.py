@@ -1,0 +1,90 @@
+"""A validated adapter is one a real vLLM CPU engine accepts and applies: loaded from where
+validation stored it, its greedy output differs from the base model's and is stable."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from tenants.models import Adapter
+from tenants.selectors import adapter_local_dir
+from tenants.services import adapter_validate
+from tests.conftest import TenantPeople, client_for
+from tests.engines import Engine, engine_start
+from tests.tenants.test_adapters import served  # noqa: F401  (fixture)
+from tests.tenants.test_lora import config, lora_tensors, safetensors
+
+
+@pytest.fixture(scope="module")
+def lora_engine() -> Iterator[Engine]:
+    started = engine_start("--enable-lora", "--max-lora-rank", "8", "--max-loras", "2")
+    started.wait_ready()
+    yield started
+    started.stop()
+
+
+def _greedy(engine: Engine, model: str) -> str:
+    response = httpx.post(
+        f"{engine.url}/v1/completions",
+        json={"model": model, "prompt": "Hello there", "max_tokens": 12, "temperature": 0},
+        timeout=60,
+    )
+    response.raise_for_status()
+    text: str = response.json()["choices"][0]["text"]
+    return text
+
+
+def _upload_and_validate(people: TenantPeople, capture: Any, name: str, weights: bytes) -> Adapter:
+    with capture():
+        response = client_for(people.developer).post(
+            "/api/tenants/acme/adapters/upload/",
+            {
+                "name": name,
+                "adapter_config": SimpleUploadedFile("adapter_config.json", config()),
+                "adapter_model": SimpleUploadedFile("adapter_model.safetensors", weights),
+            },
+            format="multipart",
+        )
+    assert response.status_code == 202
+    adapter = adapter_validate(adapter_id=Adapter.objects.get(name=name).pk)
+    assert adapter.status == "ready", adapter.reason
+    return adapter
+
+
+def test_a_validated_adapter_loads_and_changes_the_output(
+    people: TenantPeople,
+    served: Path,  # noqa: F811
+    lora_engine: Engine,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    weights = safetensors(lora_tensors())
+    one = _upload_and_validate(people, django_capture_on_commit_callbacks, "bot", weights)
+    # A second adapter, same layout, other weights: every value times -3 (float32 data).
+    header_end = 8 + int.from_bytes(weights[:8], "little")
+    other = (
+        weights[:header_end]
+        + array("f", (-3 * v for v in array("f", weights[header_end:]))).tobytes()
+    )
+    two = _upload_and_validate(people, django_capture_on_commit_callbacks, "bot-b", other)
+
+    for adapter in (one, two):
+        loaded = httpx.post(
+            f"{lora_engine.url}/v1/load_lora_adapter",
+            json={
+                "lora_name": f"acme/{adapter.name}",
+                "lora_path": adapter_local_dir(adapter=adapter),
+            },
+            timeout=60,
+        )
+        assert loaded.status_code == 200, loaded.text
+    base = _greedy(lora_engine, "tiny-chat")
+    first = _greedy(lora_engine, "acme/bot")
+    second = _greedy(lora_engine, "acme/bot-b")
+    assert first != base and second != base and first != second
+    assert _greedy(lora_engine, "acme/bot") == first  # stable
