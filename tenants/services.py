@@ -455,46 +455,45 @@ def adapter_validate(*, adapter_id: int) -> Adapter:
     adapter = Adapter.objects.select_related("tenant").get(pk=adapter_id)
     if adapter.status != Adapter.Status.VALIDATING:
         return adapter
+    # The staging area is emptied once there is a verdict; an unexpected failure (storage
+    # unreachable) keeps it, so that the task can simply run again.
     staging = adapter.staging_path
-    try:
-        with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
-            try:
-                files = _staged_copy(staging, Path(tmp))
-                model, info = _validate_against_models(files)
-            except lora.Rejected as exc:
-                return _adapter_reject(adapter, str(exc))
-            digest = hashlib.sha256()
-            for part in (lora.CONFIG, lora.WEIGHTS):
+    with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
+        try:
+            files = _staged_copy(staging, Path(tmp))
+            model, info = _validate_against_models(files)
+        except lora.Rejected as exc:
+            _storage_remove(staging)
+            return _adapter_reject(adapter, str(exc))
+        digest = hashlib.sha256()
+        for part in (lora.CONFIG, lora.WEIGHTS):
+            with files[part].open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+        sha = digest.hexdigest()
+        home = f"adapters/{sha}/"
+        for part in (lora.CONFIG, lora.WEIGHTS):
+            if not default_storage.exists(home + part):
                 with files[part].open("rb") as f:
-                    while chunk := f.read(1 << 20):
-                        digest.update(chunk)
-            sha = digest.hexdigest()
-            home = f"adapters/{sha}/"
-            for part in (lora.CONFIG, lora.WEIGHTS):
-                if not default_storage.exists(home + part):
-                    with files[part].open("rb") as f:
-                        default_storage.save(home + part, File(f))
-        adapter.status = Adapter.Status.READY
-        adapter.sha256 = sha
-        adapter.base_model = model
-        adapter.rank, adapter.alpha = info.rank, info.alpha
-        adapter.target_modules = list(info.target_modules)
-        adapter.size_bytes = sum(
-            default_storage.size(home + p) for p in (lora.CONFIG, lora.WEIGHTS)
-        )
-        adapter.validated_at = timezone.now()
-        adapter.staging_path = ""
-        adapter.save()
-        audit_record(
-            actor=None,
-            tenant=adapter.tenant,
-            action="adapter.ready",
-            target=adapter,
-            details={"sha256": sha, "rank": info.rank, "base_model": model.name},
-        )
-        return adapter
-    finally:
-        _storage_remove(staging)
+                    default_storage.save(home + part, File(f))
+    adapter.status = Adapter.Status.READY
+    adapter.sha256 = sha
+    adapter.base_model = model
+    adapter.rank, adapter.alpha = info.rank, info.alpha
+    adapter.target_modules = list(info.target_modules)
+    adapter.size_bytes = sum(default_storage.size(home + p) for p in (lora.CONFIG, lora.WEIGHTS))
+    adapter.validated_at = timezone.now()
+    adapter.staging_path = ""
+    adapter.save()
+    audit_record(
+        actor=None,
+        tenant=adapter.tenant,
+        action="adapter.ready",
+        target=adapter,
+        details={"sha256": sha, "rank": info.rank, "base_model": model.name},
+    )
+    _storage_remove(staging)
+    return adapter
 
 
 def _validate_against_models(files: dict[str, Path]) -> tuple[Model, lora.AdapterInfo]:
