@@ -110,21 +110,24 @@ def _bucket(day: date, results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _window_parameters(group_by: str) -> list[OpenApiParameter]:
+    return [
+        OpenApiParameter("tenant", str, description="Tenant slug (staff: omit for all)."),
+        OpenApiParameter("start_time", int, required=True, description="Unix seconds."),
+        OpenApiParameter("end_time", int, description="Unix seconds, exclusive."),
+        OpenApiParameter("bucket_width", str, description="1d (UTC days)."),
+        OpenApiParameter("group_by", str, description=group_by),
+        OpenApiParameter("limit", int, description="Buckets per page, 1-31 (default 7)."),
+        OpenApiParameter("page", int, description="next_page from the previous answer."),
+    ]
+
+
 class UsageApi(APIView):
     class QuerySerializer(_QuerySerializer):
         GROUPS = ("model", "api_key", "mode")
 
     @extend_schema(
-        parameters=[
-            OpenApiParameter("tenant", str, description="Tenant slug (staff: omit for all)."),
-            OpenApiParameter("start_time", int, required=True, description="Unix seconds."),
-            OpenApiParameter("end_time", int, description="Unix seconds, exclusive."),
-            OpenApiParameter("bucket_width", str, description="1d (UTC days)."),
-            OpenApiParameter("group_by", str, description="Comma list: model, api_key, mode."),
-            OpenApiParameter("limit", int, description="Buckets per page, 1-31 (default 7)."),
-            OpenApiParameter("page", int, description="next_page from the previous answer."),
-        ],
-        responses=dict,
+        parameters=_window_parameters("Comma list: model, api_key, mode."), responses=dict
     )
     def get(self, request: Request) -> Response:
         tenant, first, days, data = _window(request, self.QuerySerializer)
@@ -159,18 +162,7 @@ class CostsApi(APIView):
     class QuerySerializer(_QuerySerializer):
         GROUPS = ("line_item",)
 
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("tenant", str, description="Tenant slug (staff: omit for all)."),
-            OpenApiParameter("start_time", int, required=True, description="Unix seconds."),
-            OpenApiParameter("end_time", int, description="Unix seconds, exclusive."),
-            OpenApiParameter("bucket_width", str, description="1d (UTC days)."),
-            OpenApiParameter("group_by", str, description="line_item (model and mode)."),
-            OpenApiParameter("limit", int, description="Buckets per page, 1-31 (default 7)."),
-            OpenApiParameter("page", int, description="next_page from the previous answer."),
-        ],
-        responses=dict,
-    )
+    @extend_schema(parameters=_window_parameters("line_item (model and mode)."), responses=dict)
     def get(self, request: Request) -> Response:
         tenant, first, days, data = _window(request, self.QuerySerializer)
         by_item = "line_item" in data["group_by"]
