@@ -137,7 +137,9 @@ def test_engine_killed_mid_stream(engine: Engine, spare_engine: Engine, stack_fa
     started = [threading.Event(), threading.Event()]
 
     def consume(i: int) -> None:
-        for line in _sse_lines(stack, key, max_tokens=1000, ignore_eos=True):
+        # n=4: four sequences of ~1000 tokens, so the stream is surely still running when the
+        # engine is killed (one sequence alone can finish in about two seconds).
+        for line in _sse_lines(stack, key, max_tokens=1000, ignore_eos=True, n=4):
             lines[i].append(line)
             started[i].set()
 
