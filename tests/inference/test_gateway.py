@@ -526,8 +526,13 @@ def test_ledger_equals_engine_counters(world: World) -> None:
     assert sum(r.prompt_tokens for r in records) == (
         after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
     )
-    assert sum(r.completion_tokens for r in records) == (
+    engine_generated = (
         after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     )
+    # Exact, except for the one known gap (README, Metering): closing the connection aborts
+    # the sequence, and the decode step in flight at that moment can add one token that is
+    # counted but never streamed, so at most one per cut-off stream (two here). Billing only
+    # what the clients read would miss dozens.
+    assert 0 <= engine_generated - sum(r.completion_tokens for r in records) <= 2
     # The clients that left early are billed for what the engine made, not what they read.
     assert {r.status for r in records} <= {"ok", "cut_off"}
