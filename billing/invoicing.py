@@ -15,10 +15,10 @@ from datetime import UTC, date, datetime, time
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from billing.models import Invoice, InvoiceLine, UsageRecord
+from billing.selectors import ledger_sums
 from tenants.models import Tenant, User
 from tenants.services import audit_record
 
@@ -63,32 +63,18 @@ def _check_over(period_start: date) -> None:
 
 def _lines_from_ledger(invoice: Invoice) -> list[InvoiceLine]:
     start, end = month_bounds(invoice.period_start)
-    groups = (
-        UsageRecord.objects.filter(
-            tenant_id=invoice.tenant_id, started_at__gte=start, started_at__lt=end
-        )
-        .values("model", "mode")
-        .annotate(
-            n=Count("id"),
-            prompt=Sum("prompt_tokens"),
-            completion=Sum("completion_tokens"),
-            cached=Sum("cached_tokens"),
-            cost=Sum("cost_micros"),
-            unpriced=Count("id", filter=Q(cost_micros__isnull=True)),
-        )
-        .order_by("model", "mode")
-    )
+    groups = ledger_sums(tenant_id=invoice.tenant_id, start=start, end=end, by=("model", "mode"))
     return [
         InvoiceLine(
             invoice=invoice,
             model=g["model"],
             mode=g["mode"],
             requests=g["n"],
-            prompt_tokens=g["prompt"] or 0,
-            completion_tokens=g["completion"] or 0,
-            cached_tokens=g["cached"] or 0,
-            cost_micros=g["cost"] or 0,
-            amount_cents=micros_to_cents(g["cost"] or 0),
+            prompt_tokens=g["prompt"],
+            completion_tokens=g["completion"],
+            cached_tokens=g["cached"],
+            cost_micros=g["cost"],
+            amount_cents=micros_to_cents(g["cost"]),
             unpriced=g["unpriced"],
         )
         for g in groups

@@ -6,7 +6,8 @@ from collections.abc import Iterator, Sequence
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
 
 from billing.models import DailyUsage, Invoice, UsageRecord
 from tenants.models import Tenant
@@ -104,3 +105,25 @@ def invoice_list(*, tenant: Tenant) -> QuerySet[Invoice]:
 def invoice_get(*, tenant: Tenant, invoice_id: int) -> Invoice:
     """Raises ``Invoice.DoesNotExist`` for another tenant's invoice, as for a missing one."""
     return Invoice.objects.prefetch_related("lines").get(tenant=tenant, pk=invoice_id)
+
+
+def ledger_sums(
+    *, tenant_id: int, start: datetime, end: datetime, by: Sequence[str]
+) -> QuerySet[UsageRecord, dict[str, Any]]:
+    """The tenant's records in ``[start, end)`` summed per ``by`` columns: ``n``, ``errors``,
+    ``prompt``, ``completion``, ``cached``, ``cost`` (priced records) and ``unpriced``. What
+    both the rollups and the invoices are made of."""
+    return (
+        UsageRecord.objects.filter(tenant_id=tenant_id, started_at__gte=start, started_at__lt=end)
+        .values(*by)
+        .annotate(
+            n=Count("id"),
+            errors=Count("id", filter=Q(status=UsageRecord.Status.ERROR)),
+            prompt=Coalesce(Sum("prompt_tokens"), 0),
+            completion=Coalesce(Sum("completion_tokens"), 0),
+            cached=Coalesce(Sum("cached_tokens"), 0),
+            cost=Coalesce(Sum("cost_micros"), 0),
+            unpriced=Count("id", filter=Q(cost_micros__isnull=True)),
+        )
+        .order_by(*by)
+    )

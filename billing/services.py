@@ -11,11 +11,11 @@ from typing import Any, cast
 import orjson
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from billing.models import DailyUsage, Price, UsageRecord
 from billing.pricing import PriceBook
+from billing.selectors import ledger_sums
 from controlplane.redis import redis_sync
 from inference.api.limits import BUDGET_WARNINGS
 from inference.catalog import catalog_publish
@@ -109,21 +109,11 @@ def daily_usage_refresh(*, tenant_id: int, day: date) -> int:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [tenant_id, day.toordinal()])
     start = datetime.combine(day, time.min, tzinfo=UTC)
-    groups = (
-        UsageRecord.objects.filter(
-            tenant_id=tenant_id, started_at__gte=start, started_at__lt=start + timedelta(days=1)
-        )
-        .values("api_key_id", "model", "adapter", "mode")
-        .annotate(
-            n=Count("id"),
-            errors=Count("id", filter=Q(status=UsageRecord.Status.ERROR)),
-            prompt=Sum("prompt_tokens"),
-            completion=Sum("completion_tokens"),
-            cached=Sum("cached_tokens"),
-            cost=Sum("cost_micros"),
-            unpriced=Count("id", filter=Q(cost_micros__isnull=True)),
-        )
-        .order_by()
+    groups = ledger_sums(
+        tenant_id=tenant_id,
+        start=start,
+        end=start + timedelta(days=1),
+        by=("api_key_id", "model", "adapter", "mode"),
     )
     rows = [
         DailyUsage(
@@ -135,10 +125,10 @@ def daily_usage_refresh(*, tenant_id: int, day: date) -> int:
             mode=g["mode"],
             requests=g["n"],
             errors=g["errors"],
-            prompt_tokens=g["prompt"] or 0,
-            completion_tokens=g["completion"] or 0,
-            cached_tokens=g["cached"] or 0,
-            cost_micros=g["cost"] or 0,
+            prompt_tokens=g["prompt"],
+            completion_tokens=g["completion"],
+            cached_tokens=g["cached"],
+            cost_micros=g["cost"],
             unpriced=g["unpriced"],
         )
         for g in groups

@@ -13,18 +13,15 @@ from inference.models import Model, Pool
 from tenants.models import Adapter, AuditEvent
 from tenants.services import adapter_validate
 from tests.conftest import TenantPeople, client_for
-from tests.tenants.test_lora import GOOD, config, lora_tensors, safetensors, zip_of
+from tests.tenants.test_lora import (
+    GOOD,
+    TINY_CONFIG,
+    config,
+    lora_tensors,
+    safetensors,
+    zip_of,
+)
 
-TINY_CONFIG = {
-    "_name_or_path": "tiny-chat-v1",  # what seed_demo records: the weights' directory
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-}
 UPLOAD = "/api/tenants/acme/adapters/upload/"
 
 

@@ -18,16 +18,17 @@ from tenants.lora import CONFIG, WEIGHTS, Architecture, Rejected, unpack, valida
 
 # The generated tiny-chat model (scripts/make_tiny_model.py): hidden 128, 2 heads of 64,
 # 2 layers, MLP 256.
-TINY = Architecture.from_config(
-    {
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
-    }
-)
+TINY_CONFIG = {
+    "_name_or_path": "tiny-chat-v1",  # what seed_demo records: the weights' directory
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+}
+TINY = Architecture.from_config(TINY_CONFIG)
 BASES = ["tiny-chat", "/models/tiny-chat-v1"]
 MB = 1024 * 1024
 
