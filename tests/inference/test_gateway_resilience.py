@@ -23,29 +23,13 @@ from billing.models import UsageRecord
 from inference.models import Pool
 from inference.services import pool_configure
 from tests.engines import Engine, engine_start, free_port
-from tests.live import Stack, wait_for
+from tests.live import wait_for
 from tests.serving import World, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story."}]
 APP_ROLE = "inferplane_app_test"
-
-
-def _sse_lines(stack: Stack, key: str, **body: Any) -> Iterator[str]:
-    with (
-        httpx.Client(timeout=60) as client,
-        client.stream(
-            "POST",
-            f"{stack.url}/v1/chat/completions",
-            headers={"authorization": f"Bearer {key}"},
-            json={"model": "tiny-chat", "messages": CHAT, "stream": True, **body},
-        ) as response,
-    ):
-        assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if line:
-                yield line
 
 
 # --- The database away -----------------------------------------------------------------------
@@ -132,21 +116,44 @@ def test_engine_killed_mid_stream(engine: Engine, spare_engine: Engine, stack_fa
     stack = stack_factory(_db_url(), name="kill")
     world = World(stack=stack, engines=[engine, spare_engine])
     tenant, key = world.tenant()
-    # Two long streams at once: one per replica (each admits one request at a time).
+    spare_id = str(world.pool().replicas.get(url=spare_engine.url).pk)
+    admission = redis_lib.Redis.from_url(stack.env["REDIS_URL"])
+    # Two long streams at once: one per replica (each admits one request at a time). The
+    # spare is killed as soon as the stream routed to it has started, so it is surely mid-way
+    # (the other engine may start its stream later: waiting for both could let it finish).
     lines: dict[int, list[str]] = {0: [], 1: []}
-    started = [threading.Event(), threading.Event()]
+    on_spare = threading.Event()
 
     def consume(i: int) -> None:
-        # n=4: four sequences of ~1000 tokens, so the stream is surely still running when the
-        # engine is killed (one sequence alone can finish in about two seconds).
-        for line in _sse_lines(stack, key, max_tokens=1000, ignore_eos=True, n=4):
-            lines[i].append(line)
-            started[i].set()
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream(
+                "POST",
+                f"{stack.url}/v1/chat/completions",
+                headers={"authorization": f"Bearer {key}"},
+                json={
+                    "model": "tiny-chat",
+                    "messages": CHAT,
+                    "stream": True,
+                    "max_tokens": 1000,
+                    "ignore_eos": True,
+                    "n": 4,
+                },
+            ) as response,
+        ):
+            assert response.status_code == 200, response.read()
+            rid = response.headers["x-request-id"]
+            replica = admission.hget(f"ip:{{p:online}}:req:{rid}", "replica")
+            for line in response.iter_lines():
+                if line:
+                    lines[i].append(line)
+                    if replica == spare_id.encode():
+                        on_spare.set()
 
     threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
-    assert all(event.wait(timeout=60) for event in started)
+    assert on_spare.wait(timeout=60)
     spare_engine.kill()
     for t in threads:
         t.join(timeout=120)
