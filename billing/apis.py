@@ -124,10 +124,11 @@ def _window_parameters(group_by: str) -> list[OpenApiParameter]:
 
 class UsageApi(APIView):
     class QuerySerializer(_QuerySerializer):
-        GROUPS = ("model", "api_key", "mode")
+        GROUPS = ("model", "api_key", "mode", "adapter")
 
     @extend_schema(
-        parameters=_window_parameters("Comma list: model, api_key, mode."), responses=dict
+        parameters=_window_parameters("Comma list: model, api_key, mode, adapter."),
+        responses=dict,
     )
     def get(self, request: Request) -> Response:
         tenant, first, days, data = _window(request, self.QuerySerializer)
@@ -151,6 +152,8 @@ class UsageApi(APIView):
                         else None
                     ),
                     "batch": (row["mode"] == "batch") if "mode" in groups else None,
+                    # Ours, not OpenAI's: the LoRA adapter (``name:version``; "" for the base).
+                    "adapter": row["adapter"] if "adapter" in groups else None,
                 }
                 for row in rows
             ]

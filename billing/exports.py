@@ -21,6 +21,7 @@ USAGE_HEADER = [
     "tenant",
     "api_key",
     "model",
+    "adapter",
     "mode",
     "status",
     "prompt_tokens",
@@ -52,6 +53,7 @@ def usage_row(r: UsageRecord, tenant_slug: str) -> list[Any]:
         tenant_slug,
         f"{KEY_TAG}{r.api_key.prefix}" if r.api_key else "",
         r.model,
+        r.adapter,
         r.mode,
         r.status,
         r.prompt_tokens,
@@ -64,12 +66,14 @@ def usage_row(r: UsageRecord, tenant_slug: str) -> list[Any]:
 
 
 def _export_row(row: tuple[Any, ...], slug: str) -> list[Any]:
-    _, rid, prefix, model, mode, status, prompt, completion, cached, cost, started, done = row
+    _, rid, prefix, model, adapter, mode, status, prompt, completion, cached, cost, *when = row
+    started, done = when
     return [
         rid,
         slug,
         f"{KEY_TAG}{prefix}" if prefix else "",
         model,
+        adapter,
         mode,
         status,
         prompt,

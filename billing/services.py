@@ -11,6 +11,7 @@ from typing import Any, cast
 import orjson
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from billing.models import DailyUsage, Price, UsageRecord
@@ -20,7 +21,7 @@ from controlplane.redis import redis_sync
 from inference.api.limits import BUDGET_WARNINGS
 from inference.catalog import catalog_publish
 from inference.models import Model
-from tenants.models import ApiKey, AuditEvent, Tenant, User
+from tenants.models import Adapter, ApiKey, AuditEvent, Tenant, User
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,23 @@ def usage_records_insert(records: Iterable[dict[str, Any]]) -> int:
         stale = {f"{r.tenant_id}:{r.started_at.astimezone(UTC).date()}" for r in valid}
         if stale:
             transaction.on_commit(lambda: redis_sync().sadd(ROLLUP_DIRTY, *stale))
+        _adapters_last_used(valid)
     return len(valid)
+
+
+def _adapters_last_used(rows: Iterable[UsageRecord]) -> None:
+    """Adapters' ``last_used_at`` from the records (``adapter`` is ``name:version``)."""
+    latest: dict[tuple[int, str, int], datetime] = {}
+    for row in rows:
+        name, _, number = row.adapter.rpartition(":")
+        if name and number.isdigit():
+            key = (row.tenant_id, name, int(number))
+            if key not in latest or row.finished_at > latest[key]:
+                latest[key] = row.finished_at
+    for (tenant_id, name, version), when in latest.items():
+        Adapter.objects.filter(tenant_id=tenant_id, name=name, version=version).filter(
+            Q(last_used_at__isnull=True) | Q(last_used_at__lt=when)
+        ).update(last_used_at=when)
 
 
 def usage_spool_flush(*, max_batches: int = 50) -> int:

@@ -26,6 +26,11 @@ def pool_prefix(pool: str) -> str:
     return f"ip:{{p:{pool}}}:"
 
 
+def adapters_held_key(pool: str, replica: str) -> str:
+    """The LoRA adapters a replica holds: engine-side name -> last used (ms), a zset."""
+    return f"{pool_prefix(pool)}lora:{replica}"
+
+
 def catalog_build() -> dict[str, Any]:
     from billing.pricing import prices_for_catalog
 
@@ -51,12 +56,56 @@ def catalog_build() -> dict[str, Any]:
             "policy": pool.policy,
             "max_inflight": pool.max_inflight,
             "max_queue_wait_seconds": pool.max_queue_wait_seconds,
+            "max_loras": pool.max_loras,
             "replicas": {str(r.pk): {"url": r.url, "state": r.state} for r in pool.replicas.all()},
         }
         slot = "online_pool" if pool.kind == Pool.Kind.DEDICATED else "batch_pool"
         if models[pool.model.name][slot] is None:
             models[pool.model.name][slot] = pool.name
-    return {"version": time.time_ns(), "models": models, "pools": pools}
+    return {
+        "version": time.time_ns(),
+        "models": models,
+        "pools": pools,
+        "adapters": _adapters(models),
+    }
+
+
+def _adapters(models: dict[str, Any]) -> dict[str, Any]:
+    """Ready adapters by ``<tenant-slug>/<name>``: whose they are, their base model, and per
+    version the engine-side name and the directory an engine loads them from."""
+    from tenants.models import Adapter
+    from tenants.selectors import adapter_local_dir
+
+    adapters: dict[str, Any] = {}
+    ready = (
+        Adapter.objects.filter(status=Adapter.Status.READY, deleted_at__isnull=True)
+        .select_related("tenant", "base_model")
+        .order_by("tenant__slug", "name", "version")
+    )
+    for adapter in ready:
+        if adapter.base_model is None or adapter.base_model.name not in models:
+            continue
+        address = f"{adapter.tenant.slug}/{adapter.name}"
+        entry = adapters.setdefault(
+            address,
+            {
+                "tenant": adapter.tenant_id,
+                "created": int(adapter.created_at.timestamp()),
+                "latest": 0,
+                "versions": {},
+            },
+        )
+        try:
+            path = adapter_local_dir(adapter=adapter)
+        except NotImplementedError:  # storage without local paths: engines cannot load it
+            path = ""
+        entry["versions"][str(adapter.version)] = {
+            "engine_name": f"{address}:{adapter.version}",
+            "path": path,
+            "model": adapter.base_model.name,
+        }
+        entry["latest"] = adapter.version  # ordered by version: the newest wins
+    return adapters
 
 
 def catalog_publish() -> dict[str, Any]:

@@ -71,6 +71,12 @@ class Pool(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(512)],
         help_text="The engines' --max-lora-rank: adapters of a higher rank are refused.",
     )
+    max_loras = models.PositiveSmallIntegerField(
+        default=4,
+        validators=[MinValueValidator(1), MaxValueValidator(256)],
+        help_text="The engines' --max-loras: adapters one replica holds at once; loading "
+        "another evicts the least recently used.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
+import re
+import time
 from typing import Any
 
 import httpx
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from redis.exceptions import RedisError
 
-from inference.catalog import catalog_publish
+from controlplane.redis import redis_sync
+from inference.catalog import adapters_held_key, catalog_publish, pool_prefix
 from inference.models import Model, Pool, Replica
 
 log = logging.getLogger(__name__)
@@ -56,11 +60,15 @@ def pool_configure(
     max_inflight: int | None = None,
     policy: str | None = None,
     max_queue_wait_seconds: int | None = None,
+    max_loras: int | None = None,
+    max_lora_rank: int | None = None,
 ) -> Pool:
     for field, value in (
         ("max_inflight", max_inflight),
         ("policy", policy),
         ("max_queue_wait_seconds", max_queue_wait_seconds),
+        ("max_loras", max_loras),
+        ("max_lora_rank", max_lora_rank),
     ):
         if value is not None:
             setattr(pool, field, value)
@@ -88,14 +96,20 @@ def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:
     timeout = timeout or settings.INFERPLANE_PROBE_TIMEOUT_SECONDS
     served = replica.pool.model.served_name
     error = ""
+    started_ms = int(time.time() * 1000)
     try:
         with httpx.Client(base_url=replica.url, timeout=timeout) as client:
             client.get("/health").raise_for_status()
             models = client.get("/v1/models").raise_for_status().json()
-        names = {m.get("id") for m in models.get("data", [])}
-        if served not in names:
-            error = f"engine does not serve {served!r} (it serves {sorted(names)})"
-    except (httpx.HTTPError, ValueError) as exc:
+            cards = [m for m in models.get("data", []) if isinstance(m, dict)]
+            names = {m.get("id") for m in cards}
+            if served not in names:
+                error = f"engine does not serve {served!r} (it serves {sorted(map(str, names))})"
+            else:
+                # LoRA adapters are the cards with a parent (the base model they apply to).
+                loaded = {str(m["id"]) for m in cards if m.get("parent") and m.get("id")}
+                _adapters_reconcile(client, replica, loaded, started_ms)
+    except (httpx.HTTPError, ValueError, RedisError) as exc:
         error = f"{type(exc).__name__}: {exc}"[:500]
     previous = replica.state
     if replica.state != Replica.State.DRAINING:
@@ -106,3 +120,91 @@ def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:
     if replica.state != previous:
         log.info("replica %s: %s -> %s %s", replica, previous, replica.state, error)
     return replica
+
+
+# The engine's adapters, made what the router believes: adapters the engine lists are held
+# (found after a restart of ours, scored oldest); ones it no longer lists are dropped, unless
+# a gateway recorded them since the probe began (a load racing the probe).
+_RECONCILE = """
+local on = {}
+for i = 2, #ARGV do
+  on[ARGV[i]] = true
+  redis.call('ZADD', KEYS[1], 'NX', 0, ARGV[i])
+end
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1])) do
+  if not on[m] then redis.call('ZREM', KEYS[1], m) end
+end
+return 1
+"""
+_ENGINE_NAME = re.compile(r"^(?P<slug>[^/]+)/(?P<name>[^/:]+):(?P<version>\d+)$")
+
+
+def _adapters_reconcile(
+    client: httpx.Client, replica: Replica, loaded: set[str], started_ms: int
+) -> None:
+    """After an engine restart its adapters are gone; after a delete they must go. Unload
+    what is no longer served (a delete that found the engine away), record the rest."""
+    from tenants.models import Adapter
+
+    served: set[str] = set()
+    for name in loaded:
+        match = _ENGINE_NAME.match(name)
+        if (
+            match
+            and Adapter.objects.filter(
+                tenant__slug=match["slug"],
+                name=match["name"],
+                version=int(match["version"]),
+                status=Adapter.Status.READY,
+                deleted_at__isnull=True,
+            ).exists()
+        ):
+            served.add(name)
+        else:
+            answer = client.post("/v1/unload_lora_adapter", json={"lora_name": name})
+            log.info("unloaded %s from %s (not served): %s", name, replica, answer.status_code)
+    redis_sync().eval(
+        _RECONCILE,
+        1,
+        adapters_held_key(replica.pool.name, str(replica.pk)),
+        started_ms,
+        *sorted(served),
+    )
+
+
+def adapter_retire(*, adapter_id: int, force: bool = False) -> bool:
+    """A deleted adapter leaves the engines: unloaded from every replica that may hold it
+    (requests already running with it finish: vLLM's unload only forgets the name). Its
+    files go once no request uses it any more and no other adapter shares them. False
+    while a request still runs with it (the task tries again later)."""
+    from tenants.models import Adapter
+    from tenants.services import adapter_files_remove
+
+    adapter = Adapter.objects.select_related("tenant").get(pk=adapter_id)
+    engine_name = f"{adapter.tenant.slug}/{adapter.name}:{adapter.version}"
+    client = redis_sync()
+    busy = False
+    for replica in Replica.objects.select_related("pool"):
+        try:
+            httpx.post(
+                f"{replica.url}/v1/unload_lora_adapter",
+                json={"lora_name": engine_name},
+                timeout=settings.INFERPLANE_PROBE_TIMEOUT_SECONDS,
+            )
+        except httpx.HTTPError as exc:  # the engine is away: its next probe unloads it
+            log.info("could not unload %s from %s now: %s", engine_name, replica, exc)
+        client.zrem(adapters_held_key(replica.pool.name, str(replica.pk)), engine_name)
+        busy = busy or _adapter_in_flight(client, replica.pool.name, engine_name)
+    if busy and not force:
+        return False
+    adapter_files_remove(adapter=adapter)
+    return True
+
+
+def _adapter_in_flight(client: Any, pool: str, engine_name: str) -> bool:
+    prefix = pool_prefix(pool)
+    for rid in client.zrange(prefix + "inflight", 0, -1):
+        rid = rid.decode() if isinstance(rid, bytes) else rid
+        if client.hget(f"{prefix}req:{rid}", "adapter") == engine_name.encode():
+            return True
+    return False

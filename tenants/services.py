@@ -493,6 +493,9 @@ def adapter_validate(*, adapter_id: int) -> Adapter:
         details={"sha256": sha, "rank": info.rank, "base_model": model.name},
     )
     _storage_remove(staging)
+    from inference.catalog import catalog_publish
+
+    transaction.on_commit(catalog_publish)  # servable from now on
     return adapter
 
 
@@ -555,12 +558,20 @@ def adapter_delete(*, adapter: Adapter, actor: User | None) -> Adapter:
     adapter.deleted_at = timezone.now()
     adapter.save(update_fields=["deleted_at"])
     audit_record(actor=actor, tenant=adapter.tenant, action="adapter.delete", target=adapter)
-    sha = adapter.sha256
-    shared = Adapter.objects.filter(sha256=sha, deleted_at__isnull=True).exists() if sha else True
+    if adapter.status == Adapter.Status.READY:
+        # Gateways stop routing to it within a second; the task unloads it from the engines
+        # and removes its files once no running request uses it.
+        from inference.catalog import catalog_publish
+        from inference.tasks import adapter_retire_task
 
-    def remove() -> None:
-        if sha and not shared:
-            _storage_remove(f"adapters/{sha}/")
-
-    transaction.on_commit(remove)
+        transaction.on_commit(catalog_publish)
+        transaction.on_commit(lambda: adapter_retire_task.delay(adapter.pk))
     return adapter
+
+
+def adapter_files_remove(*, adapter: Adapter) -> None:
+    """Remove a deleted adapter's files, unless another live adapter (any tenant, same
+    content) shares them."""
+    sha = adapter.sha256
+    if sha and not Adapter.objects.filter(sha256=sha, deleted_at__isnull=True).exists():
+        _storage_remove(f"adapters/{sha}/")

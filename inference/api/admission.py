@@ -15,7 +15,8 @@ Per pool, under one hash tag (``ip:{p:<pool>}:``):
 
 Admitting picks the backlogged tenant with the smallest counter, charges it
 ``w_in·prompt_estimate / weight`` and routes the request (least loaded replica; among
-near-least-loaded ones, rendezvous hashing of the prompt's prefix for cache affinity).
+near-least-loaded ones, rendezvous hashing of the prompt's prefix for cache affinity; for a
+LoRA adapter, the least loaded replica already holding it, see ``inference.api.lora``).
 Output tokens are charged as they stream (PROGRESS); COMPLETE reconciles the estimate with
 the engine's count, frees the slot and admits the next request. A tenant that becomes
 backlogged after being idle (nothing queued, nothing running) has its counter lifted to the
@@ -92,7 +93,7 @@ local function reap()
   end
 end
 
-local function pick_replica(prefix)
+local function pick_replica(prefix, adapter)
   local reps = redis.call('HGETALL', base .. 'replicas')
   if #reps == 0 then return nil end
   local ids = {}
@@ -107,6 +108,19 @@ local function pick_replica(prefix)
     end
   end
   if minload == nil then return nil end
+  if adapter and adapter ~= '' then
+    -- A replica that already holds the adapter (the least loaded of them) saves a load.
+    local held, heldload = nil, nil
+    for _, c in ipairs(open) do
+      if redis.call('ZSCORE', base .. 'lora:' .. c[1], adapter)
+          and (heldload == nil or c[2] < heldload) then
+        held, heldload = c[1], c[2]
+      end
+    end
+    if held then return held end
+    -- None does: concurrent first requests for it agree on one replica to load it on.
+    prefix = adapter
+  end
   local best, bestscore = nil, nil
   for _, c in ipairs(open) do
     if c[2] <= minload + SLACK then
@@ -171,8 +185,8 @@ local function dispatch(self_rid)
     if not n then break end
     local rid, tenant, list, kind = n[1], n[2], n[3], n[4]
     local key = base .. 'req:' .. rid
-    local r = redis.call('HMGET', key, 'weight', 'est', 'prefix', 'proc')
-    local rep = pick_replica(r[3])
+    local r = redis.call('HMGET', key, 'weight', 'est', 'prefix', 'proc', 'adapter')
+    local rep = pick_replica(r[3], r[5])
     if not rep then break end
     redis.call('LPOP', list)
     local cost = tonumber(r[2]) / tonumber(r[1])
@@ -219,7 +233,7 @@ _PRELUDE = _PRELUDE.replace("__HOLD_MS__", str(HOLD_MS)).replace(
     "__IDLE_GRACE_MS__", str(IDLE_GRACE_MS)
 )
 
-# ARGV: lease slack rid tenant weight est proc prefix wait_ms
+# ARGV: lease slack rid tenant weight est proc prefix wait_ms adapter
 ENQUEUE = (
     _PRELUDE
     + """
@@ -229,7 +243,7 @@ local rid, tenant, weight, est = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local key = base .. 'req:' .. rid
 local wait = tonumber(ARGV[9])
 redis.call('HSET', key, 'tenant', tenant, 'weight', weight, 'est', est, 'proc', ARGV[7],
-  'prefix', ARGV[8], 'state', 'queued', 'deadline', now + wait)
+  'prefix', ARGV[8], 'adapter', ARGV[10], 'state', 'queued', 'deadline', now + wait)
 redis.call('PEXPIRE', key, wait + 3600000)
 -- A slot held for this tenant (see owed_hold): take it at once.
 for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', now, '+inf')) do
@@ -338,7 +352,7 @@ REROUTE = (
     + """
 local rid, failed = ARGV[3], ARGV[4]
 local key = base .. 'req:' .. rid
-local r = redis.call('HMGET', key, 'state', 'prefix', 'tenant')
+local r = redis.call('HMGET', key, 'state', 'prefix', 'tenant', 'adapter')
 if r[1] ~= 'granted' then return '' end
 local listed = redis.call('HEXISTS', base .. 'replicas', failed) == 1
 if listed and redis.call('HLEN', base .. 'replicas') == 1 then return failed end
@@ -347,7 +361,7 @@ if redis.call('HLEN', base .. 'replicas') == 0 then
   redis.call('HSET', base .. 'replicas', 'none', 0)
 end
 unload(failed)
-local rep = pick_replica(r[2])
+local rep = pick_replica(r[2], r[4])
 if rep then
   redis.call('HINCRBY', base .. 'rload', rep, 1)
   redis.call('HSET', key, 'replica', rep)
@@ -404,6 +418,7 @@ class Admission:
         prefix: str,
         wait_seconds: float,
         limit_keys: tuple[str, ...],
+        adapter: str = "",
     ) -> str:
         """Wait for a slot; the replica id to send the request to. 503 after the wait."""
         self._start(pool)
@@ -422,6 +437,7 @@ class Admission:
                     self.proc,
                     prefix,
                     int(wait_seconds * 1000),
+                    adapter,
                 ),
             )
             state, replica = result[0].decode(), result[1].decode()

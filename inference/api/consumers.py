@@ -206,15 +206,29 @@ class CompletionsConsumer(CompletionConsumer):
 
 
 def _model_object(name: str, model: dict[str, Any]) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": model["created"], "owned_by": "inferplane"}
+    owner = model.get("owned_by", "inferplane")
+    return {"id": name, "object": "model", "created": model["created"], "owned_by": owner}
 
 
 def _visible(catalog: dict[str, Any], tenant_id: int) -> dict[str, dict[str, Any]]:
-    return {
+    """The models a tenant can call: public or allowed base models with an online pool, and
+    its own adapters on them (``<slug>/<name>`` for the newest version, and each version)."""
+    models = {
         name: model
         for name, model in catalog["models"].items()
         if (model["is_public"] or tenant_id in model["allowed_tenants"]) and model["online_pool"]
     }
+    for address, adapter in catalog.get("adapters", {}).items():
+        if adapter["tenant"] != tenant_id:
+            continue
+        for version, found in adapter["versions"].items():
+            if found["model"] not in models:
+                continue
+            card = {"created": adapter["created"], "owned_by": address.partition("/")[0]}
+            if int(version) == adapter["latest"]:
+                models[address] = card
+            models[f"{address}:{version}"] = card
+    return models
 
 
 class ModelsConsumer(GatewayHttpConsumer):

@@ -23,7 +23,7 @@ import orjson
 from redis.exceptions import NoScriptError, RedisError
 
 from billing.pricing import cost_micros, rates_in_force
-from inference.api import limits, metering
+from inference.api import limits, lora, metering
 from inference.api.admission import W_IN, W_OUT, CatalogMissing, admission
 from inference.api.auth import KeyInfo, authenticate
 from inference.api.catalog import catalog_view
@@ -80,6 +80,10 @@ class Call:
     error: str = ""
     finished: bool = field(default=False)
     rates: list[Any] | None = None  # the price in force at the start (catalog row)
+    base_model: str = ""  # the model billed: the base model under an adapter
+    adapter: Adapter | None = None
+    adapter_replica: str = ""  # the replica counting this request as using the adapter
+    max_loras: int = 1  # adapters one replica of the pool holds at once
 
     def usage(self) -> dict[str, Any]:
         return {
@@ -90,8 +94,45 @@ class Call:
         }
 
 
-def _resolve(catalog: dict[str, Any], name: str, key: KeyInfo) -> tuple[str, dict[str, Any]]:
-    model = catalog["models"].get(name)
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """A tenant's LoRA adapter a request asked for (``<tenant-slug>/<name>[:version]``)."""
+
+    engine_name: str  # what the engines know it as: ``<slug>/<name>:<version>``
+    label: str  # ``<name>:<version>``, in the usage ledger
+    path: str  # where the engines load it from
+
+
+def _resolve(
+    catalog: dict[str, Any], name: str, key: KeyInfo
+) -> tuple[str, str, dict[str, Any], Adapter | None]:
+    """(pool, base model name, base model, adapter) for the ``model`` a request names. Another
+    tenant's adapter is as unknown as one that does not exist."""
+    adapter = None
+    base_name = name
+    if "/" in name:
+        address, _, version = name.partition(":")
+        entry = catalog.get("adapters", {}).get(address)
+        if entry is None or entry["tenant"] != key.tenant_id:
+            raise model_not_found(name)
+        found = entry["versions"].get(version or str(entry["latest"]))
+        if found is None:
+            raise model_not_found(name)
+        if not found["path"]:
+            raise ApiError(
+                503,
+                f"`{name}` cannot be loaded onto the engines: adapter storage has no "
+                "local files (see the README on adapter storage).",
+                type="server_error",
+                code="adapter_unavailable",
+            )
+        base_name = found["model"]
+        adapter = Adapter(
+            engine_name=found["engine_name"],
+            label=found["engine_name"].rpartition("/")[2],
+            path=found["path"],
+        )
+    model = catalog["models"].get(base_name)
     if model is None or not (model["is_public"] or key.tenant_id in model["allowed_tenants"]):
         raise model_not_found(name)
     pool_name = model["online_pool"]
@@ -99,7 +140,7 @@ def _resolve(catalog: dict[str, Any], name: str, key: KeyInfo) -> tuple[str, dic
         raise ApiError(
             503, f"No online pool serves `{name}` right now.", type="server_error", code="no_pool"
         )
-    return pool_name, model
+    return pool_name, base_name, model, adapter
 
 
 async def prepare(*, authorization: str, raw_body: bytes, endpoint: str) -> Call:
@@ -109,7 +150,7 @@ async def prepare(*, authorization: str, raw_body: bytes, endpoint: str) -> Call
     parsed = parse_request(raw_body, endpoint)
     view = catalog_view()
     catalog = await view.get()
-    pool_name, model = _resolve(catalog, parsed.model, key)
+    pool_name, base_name, model, adapter = _resolve(catalog, parsed.model, key)
     max_tokens = check_max_tokens(
         parsed,
         context_length=model["context_length"],
@@ -120,7 +161,7 @@ async def prepare(*, authorization: str, raw_body: bytes, endpoint: str) -> Call
     grant = await limits.acquire(key, rid=rid, estimate=estimate)
     pool = catalog["pools"][pool_name]
     try:
-        replica = await _admit(view, pool_name, pool, rid, key, parsed, grant)
+        replica = await _admit(view, pool_name, pool, rid, key, parsed, grant, adapter)
     except BaseException:
         await asyncio.shield(_release_quietly(grant))
         raise
@@ -132,17 +173,24 @@ async def prepare(*, authorization: str, raw_body: bytes, endpoint: str) -> Call
         key=key,
         parsed=parsed,
         pool=pool_name,
-        served_name=model["served_name"],
+        served_name=adapter.engine_name if adapter else model["served_name"],
         replicas=pool["replicas"],
         grant=grant,
         replica=replica,
-        body=upstream_body(parsed, served_name=model["served_name"], max_tokens=max_tokens),
+        body=upstream_body(
+            parsed,
+            served_name=adapter.engine_name if adapter else model["served_name"],
+            max_tokens=max_tokens,
+        ),
         started_at=started_at,
         t0=t0,
         headers=[(b"x-request-id", rid.encode()), *grant.headers],
         rates=rates_in_force(
             model.get("prices"), tenant_id=key.tenant_id, at=started_at.timestamp()
         ),
+        base_model=base_name,
+        adapter=adapter,
+        max_loras=pool.get("max_loras", 1),
     )
 
 
@@ -154,6 +202,7 @@ async def _admit(
     key: KeyInfo,
     parsed: ParsedRequest,
     grant: limits.Grant,
+    adapter: Adapter | None,
 ) -> str:
     for attempt in range(2):
         try:
@@ -166,6 +215,7 @@ async def _admit(
                 prefix=parsed.prefix_hash,
                 wait_seconds=pool["max_queue_wait_seconds"],
                 limit_keys=grant.conc_keys,
+                adapter=adapter.engine_name if adapter else "",
             )
         except CatalogMissing:
             if attempt:
@@ -202,16 +252,19 @@ class Relay:
         session = engine_session()
         path = PATHS[call.parsed.endpoint]
         headers = {"content-type": "application/json", "x-request-id": call.rid}
+        reloaded = False
         for _attempt in range(MAX_ATTEMPTS):
             call.replica_url = url = call.replicas.get(call.replica, {}).get("url", "")
             try:
+                if call.adapter is not None:
+                    await self._adapter_onto_replica(call.adapter)
                 try:
                     response = await session.post(url + path, data=call.body, headers=headers)
                 except aiohttp.ServerDisconnectedError:
                     # Most likely a pooled keep-alive connection the engine had just closed:
                     # one fresh try on the same replica before calling it failed.
                     response = await session.post(url + path, data=call.body, headers=headers)
-            except TRANSPORT_ERRORS as exc:
+            except (*TRANSPORT_ERRORS, lora.LoadFailed) as exc:
                 await self._failover(f"{type(exc).__name__}: {exc}")
                 continue
             self.response = response  # from here on, close() aborts it whatever happens
@@ -219,6 +272,12 @@ class Relay:
                 body = await response.read()
                 response.release()
                 self.response = None
+                if response.status == 404 and call.adapter is not None and not reloaded:
+                    # The engine does not hold the adapter after all (it restarted since
+                    # the last probe): load it again there, once.
+                    reloaded = True
+                    await self._forget_adapter(call.adapter)
+                    continue
                 if response.status >= 500 or response.status == 404:
                     await self._failover(f"HTTP {response.status}")
                     continue
@@ -238,6 +297,39 @@ class Relay:
             return
         call.status, call.error = "error", "no replica answered"
         raise overloaded(2, "No replica could serve the request. Retry shortly.")
+
+    async def _adapter_onto_replica(self, adapter: Adapter) -> None:
+        """Make sure the chosen replica holds the request's adapter (loading it if not), and
+        count the request as using it there, so that it is not evicted meanwhile."""
+        call = self.call
+        pool = call.pool
+        try:
+            held = False
+            if call.adapter_replica != call.replica:
+                if call.adapter_replica:
+                    await lora.unuse(pool, call.adapter_replica, adapter.engine_name)
+                call.adapter_replica = ""
+                held = await lora.use(pool, call.replica, adapter.engine_name)
+                call.adapter_replica = call.replica
+            if not held:
+                await lora.load(
+                    pool=pool,
+                    replica=call.replica,
+                    url=call.replica_url,
+                    name=adapter.engine_name,
+                    path=adapter.path,
+                    capacity=call.max_loras,
+                )
+        except RedisError:
+            log.warning("adapter bookkeeping unavailable", exc_info=True)
+            call.status, call.error = "error", "adapter bookkeeping unavailable"
+            raise overloaded(2, "Adapters cannot be placed for a moment. Retry shortly.") from None
+
+    async def _forget_adapter(self, adapter: Adapter) -> None:
+        try:
+            await lora.forget(self.call.pool, self.call.replica, adapter.engine_name)
+        except RedisError:
+            log.warning("could not forget adapter %s", adapter.engine_name, exc_info=True)
 
     async def _failover(self, reason: str) -> None:
         """Move to another replica (the failed one leaves the rotation until a probe brings
@@ -378,8 +470,8 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         "request_id": call.rid,
         "tenant_id": call.key.tenant_id,
         "api_key_id": call.key.key_id,
-        "model": parsed.model,
-        "adapter": "",
+        "model": call.base_model or parsed.model,
+        "adapter": call.adapter.label if call.adapter else "",
         "endpoint": parsed.endpoint,
         "mode": "online",
         "status": call.status,
@@ -401,6 +493,8 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         pipe = redis_async().pipeline(transaction=False)
         if call.replica:
             admission().complete_into(pipe, pool=call.pool, rid=call.rid, adjustment=adjustment)
+        if call.adapter is not None and call.adapter_replica:
+            lora.unuse_into(pipe, call.pool, call.adapter_replica, call.adapter.engine_name)
         call.grant.release_into(pipe, tokens, cost)
         metering.spool_into(pipe, record)
         await pipe.execute()
@@ -408,6 +502,8 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         try:
             if call.replica:
                 await admission().complete(pool=call.pool, rid=call.rid, adjustment=adjustment)
+            if call.adapter is not None and call.adapter_replica:
+                await lora.unuse(call.pool, call.adapter_replica, call.adapter.engine_name)
             await call.grant.release(tokens, cost)
             await metering.spool(record)
         except RedisError:

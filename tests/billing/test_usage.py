@@ -126,7 +126,7 @@ def test_export_usage_csv() -> None:
     )
     rows = list(csv.reader(io.StringIO(out.getvalue())))
     assert ",".join(rows[0]) == (
-        "request_id,tenant,api_key,model,mode,status,prompt_tokens,completion_tokens,"
+        "request_id,tenant,api_key,model,adapter,mode,status,prompt_tokens,completion_tokens,"
         "cached_tokens,cost_usd,started_at,finished_at"
     )
     assert len(rows) == 2

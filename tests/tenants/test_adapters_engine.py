@@ -3,7 +3,6 @@ validation stored it, its greedy output differs from the base model's and is sta
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from tenants.services import adapter_validate
 from tests.conftest import TenantPeople, client_for
 from tests.engines import Engine, engine_start
 from tests.tenants.test_adapters import served  # noqa: F401  (fixture)
-from tests.tenants.test_lora import config, lora_tensors, safetensors
+from tests.tenants.test_lora import config, lora_tensors, safetensors, scaled_weights
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +64,8 @@ def test_a_validated_adapter_loads_and_changes_the_output(
 ) -> None:
     weights = safetensors(lora_tensors())
     one = _upload_and_validate(people, django_capture_on_commit_callbacks, "bot", weights)
-    # A second adapter, same layout, other weights: every value times -3 (float32 data).
-    header_end = 8 + int.from_bytes(weights[:8], "little")
-    other = (
-        weights[:header_end]
-        + array("f", (-3 * v for v in array("f", weights[header_end:]))).tobytes()
-    )
+    # A second adapter, same layout, other weights: every value times -3.
+    other = scaled_weights(weights, -3)
     two = _upload_and_validate(people, django_capture_on_commit_callbacks, "bot-b", other)
 
     for adapter in (one, two):

@@ -52,6 +52,13 @@ def safetensors(tensors: dict[str, list[int]], *, tamper: Any = None) -> bytes:
     return struct.pack("<Q", len(raw)) + raw + bytes(data)
 
 
+def scaled_weights(weights: bytes, factor: float) -> bytes:
+    """The same adapter layout with every (float32) value times ``factor``: another adapter."""
+    header_end = 8 + int.from_bytes(weights[:8], "little")
+    values = array("f", weights[header_end:])
+    return weights[:header_end] + array("f", (factor * v for v in values)).tobytes()
+
+
 def lora_tensors(
     rank: int = 8, modules: tuple[str, ...] = ("q_proj", "v_proj")
 ) -> dict[str, list[int]]:

@@ -17,6 +17,12 @@ class Command(BaseCommand):
         parser.add_argument("--max-inflight", help="Requests admitted at once per ready replica.")
         parser.add_argument("--policy", help="vtc (token-fair between tenants) or fcfs.")
         parser.add_argument("--max-queue-wait", help="Seconds a request may wait for admission.")
+        parser.add_argument(
+            "--max-loras", help="The engines' --max-loras: adapters one replica holds at once."
+        )
+        parser.add_argument(
+            "--max-lora-rank", help="The engines' --max-lora-rank: the highest adapter rank."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -36,10 +42,17 @@ class Command(BaseCommand):
                 max_queue_wait_seconds=parse_positive_int(
                     options["max_queue_wait"], option="--max-queue-wait", maximum=3600
                 ),
+                max_loras=parse_positive_int(
+                    options["max_loras"], option="--max-loras", maximum=256
+                ),
+                max_lora_rank=parse_positive_int(
+                    options["max_lora_rank"], option="--max-lora-rank", maximum=512
+                ),
             )
         except ValidationError as exc:
             raise CommandError(validation_message(exc)) from None
         self.stdout.write(
             f"{pool.name}: max_inflight={pool.max_inflight} policy={pool.policy} "
-            f"max_queue_wait={pool.max_queue_wait_seconds}s"
+            f"max_queue_wait={pool.max_queue_wait_seconds}s max_loras={pool.max_loras} "
+            f"max_lora_rank={pool.max_lora_rank}"
         )
