@@ -79,6 +79,9 @@ EXPORT_COLUMNS = (
 )
 
 
+_STARTED_AT = EXPORT_COLUMNS.index("started_at")
+
+
 def usage_row_pages(
     *, tenant: Tenant, start: datetime, end: datetime, page_size: int = 5000
 ) -> Iterator[list[tuple[Any, ...]]]:
@@ -92,7 +95,7 @@ def usage_row_pages(
     page = list(rows.filter(started_at__gte=start).order_by("started_at", "id")[:page_size])
     while page:
         yield page
-        at, last_id = page[-1][10], page[-1][0]
+        at, last_id = page[-1][_STARTED_AT], page[-1][0]
         page = list(
             rows.filter(started_at__gte=at)
             .filter(Q(started_at__gt=at) | Q(id__gt=last_id))

@@ -180,7 +180,9 @@ def adapter_retire(*, adapter_id: int, force: bool = False) -> bool:
     from tenants.models import Adapter
     from tenants.services import adapter_files_remove
 
-    adapter = Adapter.objects.select_related("tenant").get(pk=adapter_id)
+    adapter = Adapter.objects.select_related("tenant").filter(pk=adapter_id).first()
+    if adapter is None:  # its tenant is gone (and its rows with it)
+        return True
     engine_name = f"{adapter.tenant.slug}/{adapter.name}:{adapter.version}"
     client = redis_sync()
     busy = False

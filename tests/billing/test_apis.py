@@ -92,6 +92,7 @@ def test_usage_by_day_and_model(ledger: TenantPeople) -> None:
             "model": "tiny-chat",
             "api_key_id": None,
             "batch": None,
+            "adapter": None,
         }
     ]
     assert second == []  # a day without usage is an empty bucket, not a missing one

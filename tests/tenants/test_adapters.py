@@ -10,6 +10,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from inference.models import Model, Pool
+from inference.services import adapter_retire
 from tenants.models import Adapter, AuditEvent
 from tenants.services import adapter_validate
 from tests.conftest import TenantPeople, client_for
@@ -144,11 +145,15 @@ def test_delete_removes_the_files_once_unused(
     for adapter in Adapter.objects.all():
         adapter_validate(adapter_id=adapter.pk)
     client = client_for(people.owner)
-    with django_capture_on_commit_callbacks(execute=True):
+    first, second = Adapter.objects.order_by("version")
+    # The retire task (run here in-process) unloads from the engines, then removes files.
+    with django_capture_on_commit_callbacks():
         assert client.post("/api/tenants/acme/adapters/support-bot/1/delete/").status_code == 204
+    assert adapter_retire(adapter_id=first.pk)
     assert len(_files(served)) == 2  # version 2 still uses them
-    with django_capture_on_commit_callbacks(execute=True):
+    with django_capture_on_commit_callbacks():
         assert client.post("/api/tenants/acme/adapters/support-bot/2/delete/").status_code == 204
+    assert adapter_retire(adapter_id=second.pk)
     assert _files(served) == []
     assert client.get("/api/tenants/acme/adapters/support-bot/2/").status_code == 404
     assert client.get("/api/tenants/acme/adapters/").json()["results"] == []
