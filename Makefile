@@ -22,7 +22,7 @@ TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
 export INFERPLANE_CACHE := $(CACHE)
 export ENGINE_PYTHON MODEL_DIR
 
-.PHONY: help setup run test lint typecheck pytest bench clean engine model venv
+.PHONY: help setup run test lint typecheck pytest bench clean engine model venv browser
 
 help:
 	@echo "make run    - set up and run the platform (web :8000, engines :8101/:8102, worker, beat)"
@@ -81,8 +81,17 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy .
 
-pytest: setup
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
+# The browser tests drive Debian's Chromium through Playwright (no browser download).
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser: $(CHROMIUM)
+$(CHROMIUM):
+	@echo "Installing Debian's chromium for the browser tests"
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+
+pytest: setup browser
+	CHROMIUM=$(CHROMIUM) DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 

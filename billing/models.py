@@ -48,6 +48,12 @@ class UsageRecord(models.Model):
         # ledger's append order keeps tiny (PostgreSQL only: migration 0003).
         indexes = [
             models.Index(fields=["tenant", "started_at"], name="usage_tenant_started"),
+            # The dashboard's "recent problems": small, since most requests end well.
+            models.Index(
+                fields=["tenant", "-started_at"],
+                condition=~models.Q(status="ok"),
+                name="usage_tenant_problems",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    "django.contrib.humanize",
     "rest_framework",
     "knox",
     "drf_spectacular",
@@ -78,6 +79,7 @@ INSTALLED_APPS = [
     "inference",
     "billing",
     "moderation",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -211,7 +213,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
 # --- Auth ----------------------------------------------------------------------------------
 
 AUTH_USER_MODEL = "tenants.User"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/app/login/"
+LOGIN_REDIRECT_URL = "/app/"
+LOGOUT_REDIRECT_URL = "/app/login/"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

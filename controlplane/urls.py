@@ -22,7 +22,8 @@ api_patterns = [
 ]
 
 urlpatterns = [
-    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    path("", RedirectView.as_view(url="/app/", permanent=False)),
+    path("app/", include("dashboard.urls")),
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/", include(api_patterns)),

@@ -1,0 +1,27 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from dashboard import views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path(
+        "login/",
+        auth_views.LoginView.as_view(template_name="dashboard/login.html"),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", views.home, name="home"),
+    path("t/<slug:slug>/", views.overview, name="overview"),
+    path("t/<slug:slug>/keys/", views.keys, name="keys"),
+    path("t/<slug:slug>/keys/<int:key_id>/revoke/", views.key_revoke, name="key-revoke"),
+    path("t/<slug:slug>/keys/<int:key_id>/rotate/", views.key_rotate, name="key-rotate"),
+    path("t/<slug:slug>/adapters/", views.adapters, name="adapters"),
+    path("t/<slug:slug>/adapters/rows/", views.adapter_rows, name="adapter-rows"),
+    path(
+        "t/<slug:slug>/adapters/<str:name>/<int:version>/delete/",
+        views.adapter_delete,
+        name="adapter-delete",
+    ),
+]

@@ -1,0 +1,243 @@
+"""The dashboard in a real browser (Playwright driving Debian's Chromium) against a live stack
+(uvicorn, Celery worker and beat, Postgres, Redis): what a tenant admin does, as they do it.
+
+Every page visited is saved to ``var/screenshots/`` so a reviewer can look without running
+anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from billing.services import daily_usage_refresh, usage_records_insert
+from inference.models import Model, Pool
+from tenants.models import Adapter, ApiKey, User
+from tenants.services import api_key_create
+from tests.conftest import ROOT, TenantPeople
+from tests.live import Stack, stack_start, wait_for
+from tests.tenants.test_lora import TINY_CONFIG, config, lora_tensors, safetensors
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+SHOTS = ROOT / "var" / "screenshots"
+PASSWORD = "a browser test password"
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("media")
+
+
+@pytest.fixture(scope="module")
+def dash_stack(serving_db_url: str, media: Path) -> Iterator[Stack]:
+    env = {"INFERPLANE_MEDIA_ROOT": str(media), "DJANGO_ALLOW_ASYNC_UNSAFE": ""}
+    stack = stack_start(serving_db_url, name="dashboard", extra_env=env)
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Browser]:
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+    # still plain synchronous code (Playwright's documented setting for Django tests).
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"),
+            args=["--no-sandbox"],  # CI runs as root
+        )
+        yield browser
+        browser.close()
+    if previous is None:
+        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def page(chromium: Browser) -> Iterator[Page]:
+    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    yield page
+    context.close()
+
+
+def shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def log_in(page: Page, stack: Stack, user: User) -> None:
+    # The live processes use the production hasher (the tests' own settings use a fast one).
+    hasher = PBKDF2PasswordHasher()
+    User.objects.filter(pk=user.pk).update(password=hasher.encode(PASSWORD, hasher.salt()))
+    page.goto(f"{stack.url}/app/login/")
+    page.get_by_label("Username").fill(user.get_username())
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url("**/app/t/**")
+
+
+def test_log_in_and_a_wrong_password(page: Page, dash_stack: Stack, people: TenantPeople) -> None:
+    page.goto(f"{dash_stack.url}/app/t/acme/")
+    page.wait_for_url("**/app/login/**")
+    page.get_by_label("Username").fill("owner")
+    page.get_by_label("Password").fill("wrong")
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("alert")).to_contain_text("correct username and password")
+    shot(page, "login-error")
+    log_in(page, dash_stack, people.owner)
+    expect(page.get_by_role("heading", level=1)).to_contain_text("Acme")
+
+
+def test_a_key_is_shown_once_and_revoking_it_locks_the_gateway_out(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    log_in(page, dash_stack, people.developer)
+    page.get_by_role("link", name="API keys").click()
+    page.get_by_label("Name").fill("support bot")
+    page.get_by_role("button", name="Create key").click()
+    secret = page.locator("[data-secret]").inner_text().strip()
+    assert secret.startswith("sk-ip-")
+    expect(page.get_by_role("button", name="Copy")).to_be_visible()
+    shot(page, "keys-created")
+    key = ApiKey.objects.get(tenant=people.tenant)
+
+    models = httpx.get(f"{dash_stack.url}/v1/models", headers={"authorization": f"Bearer {secret}"})
+    assert models.status_code == 200
+
+    page.goto(f"{dash_stack.url}/app/t/acme/keys/")  # shown once: now only the prefix
+    assert secret not in page.content()
+    row = page.locator(f"tr[data-prefix='{key.prefix}']")
+    expect(row).to_contain_text(key.display_prefix)
+    expect(row).to_contain_text("active")
+    shot(page, "keys")
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Revoke").click()
+    expect(page.locator(f"tr[data-prefix='{key.prefix}']")).to_contain_text("revoked")
+
+    def refused() -> bool:
+        answer = httpx.get(
+            f"{dash_stack.url}/v1/models", headers={"authorization": f"Bearer {secret}"}
+        )
+        return answer.status_code == 401
+
+    wait_for(refused, timeout=10)
+
+
+def test_a_viewer_sees_no_key_creation_and_an_outsider_gets_404(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    api_key_create(tenant=people.tenant, name="ci", created_by=people.owner)
+    log_in(page, dash_stack, people.viewer)
+    page.goto(f"{dash_stack.url}/app/t/acme/keys/")
+    expect(page.get_by_role("cell", name="ci", exact=True)).to_be_visible()
+    expect(page.get_by_role("button", name="Create key")).to_have_count(0)
+    expect(page.get_by_role("button", name="Revoke")).to_have_count(0)
+    shot(page, "keys-viewer")
+
+    page.context.clear_cookies()
+    log_in(page, dash_stack, people.outsider)
+    for url in ("/app/t/acme/", "/app/t/acme/keys/", "/app/t/acme/adapters/"):
+        response = page.goto(f"{dash_stack.url}{url}")
+        assert response is not None and response.status == 404
+    shot(page, "outsider-404")
+
+
+def test_the_usage_chart_draws_real_data(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    key = api_key_create(tenant=people.tenant, name="k", created_by=people.owner).api_key
+    now = datetime.now(UTC)
+    days = [now - timedelta(days=d) for d in (0, 1, 3)]
+    usage_records_insert(
+        [
+            {
+                "request_id": f"r{i}",
+                "tenant_id": people.tenant.pk,
+                "api_key_id": key.pk,
+                "model": "tiny-chat",
+                "endpoint": "chat.completions",
+                "mode": "online",
+                "status": "ok",
+                "prompt_tokens": 1000 * (i + 1),
+                "completion_tokens": 100,
+                "cost_micros": 250_000,
+                "started_at": when.isoformat(),
+                "finished_at": when.isoformat(),
+            }
+            for i, when in enumerate(days)
+        ]
+    )
+    for when in days:
+        daily_usage_refresh(tenant_id=people.tenant.pk, day=when.date())
+    log_in(page, dash_stack, people.finance)
+    chart = page.locator("#usage-chart")
+    expect(chart).to_have_attribute("data-points", "6")  # 3 days x (tokens, spend)
+    drawn = page.evaluate(
+        """() => {
+        const c = document.getElementById('usage-chart');
+        const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let inked = 0;
+        for (let i = 3; i < px.length; i += 4) if (px[i] > 0) inked++;
+        return inked;
+    }"""
+    )
+    assert drawn > 1000  # the canvas has bars and a line on it, not just a blank box
+    this_month = [d for d in days if d.month == now.month]
+    expect(page.locator("[data-metric=requests]")).to_have_text(str(len(this_month)))
+    shot(page, "overview")
+
+
+def test_an_adapter_upload_shows_progress_then_its_verdict(
+    page: Page, dash_stack: Stack, people: TenantPeople, tmp_path: Path, settings: Any
+) -> None:
+    model = Model.objects.create(
+        name="tiny-chat",
+        served_name="tiny-chat",
+        context_length=1024,
+        supports_lora=True,
+        architecture=TINY_CONFIG,
+    )
+    Pool.objects.create(name="online", kind="dedicated", model=model, max_lora_rank=8)
+    (tmp_path / "adapter_config.json").write_bytes(config())
+    (tmp_path / "adapter_model.safetensors").write_bytes(safetensors(lora_tensors()))
+    (tmp_path / "bad.safetensors").write_bytes(safetensors(lora_tensors(rank=4)))
+
+    log_in(page, dash_stack, people.developer)
+    page.get_by_role("link", name="LoRA adapters").click()
+    for name, weights in (
+        ("support-bot", "adapter_model.safetensors"),
+        ("broken", "bad.safetensors"),
+    ):
+        page.get_by_label("Name").fill(name)
+        page.get_by_label("adapter_config.json").set_input_files(tmp_path / "adapter_config.json")
+        page.get_by_label("adapter_model.safetensors").set_input_files(tmp_path / weights)
+        page.get_by_role("button", name="Upload").click()
+        page.wait_for_url("**/adapters/")
+        expect(page.locator(f"tr[data-adapter='{name}:1']")).to_be_visible()
+    # The table polls while a version validates; the stack's worker gives the verdicts.
+    expect(page.locator("tr[data-adapter='support-bot:1']")).to_contain_text(
+        "ready", timeout=30_000
+    )
+    broken = page.locator("tr[data-adapter='broken:1']")
+    expect(broken).to_contain_text("rejected", timeout=30_000)
+    expect(broken.locator(".reason")).not_to_be_empty()
+    shot(page, "adapters")
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    broken.get_by_role("button", name="Delete").click()
+    expect(page.locator("tr[data-adapter='broken:1']")).to_have_count(0)
+    assert Adapter.objects.get(name="broken").deleted_at is not None
