@@ -36,6 +36,7 @@ COPY tenants ./tenants
 COPY inference ./inference
 COPY billing ./billing
 COPY moderation ./moderation
+COPY dashboard ./dashboard
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip install --no-deps .
 
@@ -65,7 +66,7 @@ COPY tenants ./tenants
 COPY inference ./inference
 COPY billing ./billing
 COPY moderation ./moderation
-COPY templates ./templates
+COPY dashboard ./dashboard
 
 # Static files are collected at build time (whitenoise serves them, hashed and compressed).
 # Production settings refuse to load without SECRET_KEY and ALLOWED_HOSTS: the values here are
