@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 from django import forms
+from django.contrib.auth.forms import UserCreationForm
 from django.core.files import File
 
-from tenants.models import ApiKey, adapter_name_validator
+from tenants.models import ApiKey, Role, User, adapter_name_validator
 
 
 class KeyCreateForm(forms.Form):
@@ -36,3 +37,25 @@ class AdapterUploadForm(forms.Form):
             for part in ("archive", "adapter_config", "adapter_model")
             if self.cleaned_data.get(part)
         }
+
+
+class InviteForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.DEVELOPER)
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices)
+
+
+class SignUpForm(UserCreationForm[User]):
+    """A new account, made while accepting an invitation."""
+
+    class Meta(UserCreationForm.Meta):
+        model = User
+        fields = ("username", "email")
+
+
+class AuditFilterForm(forms.Form):
+    action = forms.CharField(required=False, max_length=64, label="Action starts with")
+    actor = forms.CharField(required=False, max_length=150)
+    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))

@@ -17,6 +17,18 @@ urlpatterns = [
     path("t/<slug:slug>/keys/", views.keys, name="keys"),
     path("t/<slug:slug>/keys/<int:key_id>/revoke/", views.key_revoke, name="key-revoke"),
     path("t/<slug:slug>/keys/<int:key_id>/rotate/", views.key_rotate, name="key-rotate"),
+    path("t/<slug:slug>/members/", views.members, name="members"),
+    path("t/<slug:slug>/members/<int:member_id>/role/", views.member_role, name="member-role"),
+    path(
+        "t/<slug:slug>/members/<int:member_id>/remove/", views.member_remove, name="member-remove"
+    ),
+    path(
+        "t/<slug:slug>/invitations/<int:invitation_id>/revoke/",
+        views.invitation_revoke,
+        name="invitation-revoke",
+    ),
+    path("join/<str:token>/", views.join, name="join"),
+    path("t/<slug:slug>/audit/", views.audit, name="audit"),
     path("t/<slug:slug>/adapters/", views.adapters, name="adapters"),
     path("t/<slug:slug>/adapters/rows/", views.adapter_rows, name="adapter-rows"),
     path(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from typing import Any
 
 import httpx
@@ -96,20 +95,20 @@ def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:
     timeout = timeout or settings.INFERPLANE_PROBE_TIMEOUT_SECONDS
     served = replica.pool.model.served_name
     error = ""
-    started_ms = int(time.time() * 1000)
+    loaded: set[str] | None = None
+    started_ms = _redis_now_ms()
     try:
         with httpx.Client(base_url=replica.url, timeout=timeout) as client:
             client.get("/health").raise_for_status()
             models = client.get("/v1/models").raise_for_status().json()
-            cards = [m for m in models.get("data", []) if isinstance(m, dict)]
-            names = {m.get("id") for m in cards}
-            if served not in names:
-                error = f"engine does not serve {served!r} (it serves {sorted(map(str, names))})"
-            else:
-                # LoRA adapters are the cards with a parent (the base model they apply to).
-                loaded = {str(m["id"]) for m in cards if m.get("parent") and m.get("id")}
-                _adapters_reconcile(client, replica, loaded, started_ms)
-    except (httpx.HTTPError, ValueError, RedisError) as exc:
+        cards = [m for m in models.get("data", []) if isinstance(m, dict)]
+        names = {m.get("id") for m in cards}
+        if served not in names:
+            error = f"engine does not serve {served!r} (it serves {sorted(map(str, names))})"
+        else:
+            # LoRA adapters are the cards with a parent (the base model they apply to).
+            loaded = {str(m["id"]) for m in cards if m.get("parent") and m.get("id")}
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
         error = f"{type(exc).__name__}: {exc}"[:500]
     previous = replica.state
     if replica.state != Replica.State.DRAINING:
@@ -119,7 +118,22 @@ def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:
     replica.save(update_fields=["state", "last_error", "last_probe_at"])
     if replica.state != previous:
         log.info("replica %s: %s -> %s %s", replica, previous, replica.state, error)
+    if loaded is not None and started_ms is not None:
+        # Bookkeeping only: its failure says nothing about the replica's health.
+        try:
+            _adapters_reconcile(replica, loaded, started_ms, timeout)
+        except Exception:
+            log.warning("could not reconcile the adapters of %s", replica, exc_info=True)
     return replica
+
+
+def _redis_now_ms() -> int | None:
+    """Redis's clock: the one the gateways' adapter records are scored with."""
+    try:
+        seconds, micros = redis_sync().time()
+    except RedisError:
+        return None
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 # The engine's adapters, made what the router believes: adapters the engine lists are held
@@ -140,7 +154,7 @@ _ENGINE_NAME = re.compile(r"^(?P<slug>[^/]+)/(?P<name>[^/:]+):(?P<version>\d+)$"
 
 
 def _adapters_reconcile(
-    client: httpx.Client, replica: Replica, loaded: set[str], started_ms: int
+    replica: Replica, loaded: set[str], started_ms: int, timeout: float
 ) -> None:
     """After an engine restart its adapters are gone; after a delete they must go. Unload
     what is no longer served (a delete that found the engine away), record the rest."""
@@ -161,7 +175,11 @@ def _adapters_reconcile(
         ):
             served.add(name)
         else:
-            answer = client.post("/v1/unload_lora_adapter", json={"lora_name": name})
+            answer = httpx.post(
+                f"{replica.url}/v1/unload_lora_adapter",
+                json={"lora_name": name},
+                timeout=timeout,
+            )
             log.info("unloaded %s from %s (not served): %s", name, replica, answer.status_code)
     redis_sync().eval(
         _RECONCILE,
@@ -185,7 +203,7 @@ def adapter_retire(*, adapter_id: int, force: bool = False) -> bool:
         return True
     engine_name = f"{adapter.tenant.slug}/{adapter.name}:{adapter.version}"
     client = redis_sync()
-    busy = False
+    pools: set[str] = set()
     for replica in Replica.objects.select_related("pool"):
         try:
             httpx.post(
@@ -196,17 +214,22 @@ def adapter_retire(*, adapter_id: int, force: bool = False) -> bool:
         except httpx.HTTPError as exc:  # the engine is away: its next probe unloads it
             log.info("could not unload %s from %s now: %s", engine_name, replica, exc)
         client.zrem(adapters_held_key(replica.pool.name, str(replica.pk)), engine_name)
-        busy = busy or _adapter_in_flight(client, replica.pool.name, engine_name)
+        pools.add(replica.pool.name)
+    busy = any(_adapter_in_flight(client, p, adapter.tenant_id, engine_name) for p in pools)
     if busy and not force:
         return False
     adapter_files_remove(adapter=adapter)
     return True
 
 
-def _adapter_in_flight(client: Any, pool: str, engine_name: str) -> bool:
+def _adapter_in_flight(client: Any, pool: str, tenant_id: int, engine_name: str) -> bool:
+    """Whether a request for the adapter is admitted, or waiting for admission, in the pool
+    (waiting ones are in their tenant's queue, or the pool's one queue under fcfs)."""
     prefix = pool_prefix(pool)
-    for rid in client.zrange(prefix + "inflight", 0, -1):
-        rid = rid.decode() if isinstance(rid, bytes) else rid
-        if client.hget(f"{prefix}req:{rid}", "adapter") == engine_name.encode():
-            return True
-    return False
+    rids = client.zrange(prefix + "inflight", 0, -1)
+    rids += client.lrange(f"{prefix}q:{tenant_id}", 0, -1)
+    rids += client.lrange(prefix + "fcfs", 0, -1)
+    pipe = client.pipeline(transaction=False)
+    for rid in rids:
+        pipe.hget(prefix + "req:" + (rid.decode() if isinstance(rid, bytes) else rid), "adapter")
+    return engine_name.encode() in pipe.execute()

@@ -232,6 +232,15 @@ def read_config(
         raise Rejected(
             f"Unsupported target modules {unsupported}; supported: {', '.join(SUPPORTED_MODULES)}."
         )
+    # Variants vLLM's LoRA loader refuses at load time: refused here, with the reason.
+    if config.get("use_dora"):
+        raise Rejected("DoRA adapters (use_dora) are not supported; train a plain LoRA.")
+    if config.get("modules_to_save"):
+        raise Rejected(
+            "modules_to_save is not supported: the adapter may only hold LoRA A/B matrices."
+        )
+    if config.get("bias", "none") not in ("none", None):
+        raise Rejected("LoRA bias terms are not supported (bias must be 'none').")
     base = str(config.get("base_model_name_or_path") or "")
     names = {n for name in base_names if name for n in (name, PurePosixPath(name).name)}
     if base not in names and PurePosixPath(base).name not in names:

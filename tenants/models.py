@@ -113,6 +113,40 @@ class Membership(models.Model):
         return f"{self.user} @ {self.tenant} ({self.role})"
 
 
+class Invitation(models.Model):
+    """A one-time link that makes whoever opens it (logged in, or signing up) a member with
+    ``role``. Only the SHA-256 of its token is stored; there is no mail server: the inviter
+    passes the link on."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"invitation to {self.tenant} as {self.role}"
+
+    @property
+    def is_open(self) -> bool:
+        return (
+            self.accepted_at is None
+            and self.revoked_at is None
+            and self.expires_at > timezone.now()
+        )
+
+
 class ApiKey(LimitFields):
     """A tenant's API key. Only the prefix and the SHA-256 of the whole key are stored.
 

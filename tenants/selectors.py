@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 
 from tenants.access import ROLE_PERMS, STAFF_PERMS, TenantAccess
 from tenants.keys import digest_matches, key_parse
-from tenants.models import Adapter, ApiKey, AuditEvent, Membership, Tenant, User
+from tenants.models import Adapter, ApiKey, AuditEvent, Invitation, Membership, Tenant, User
 
 
 def tenant_list_for_user(*, user: User) -> QuerySet[Tenant]:
@@ -55,6 +55,21 @@ def membership_list(*, tenant: Tenant) -> QuerySet[Membership]:
 
 def membership_get(*, tenant: Tenant, membership_id: int) -> Membership:
     return Membership.objects.select_related("user", "tenant").get(tenant=tenant, id=membership_id)
+
+
+def invitation_list_open(*, tenant: Tenant) -> QuerySet[Invitation]:
+    from django.utils import timezone
+
+    return Invitation.objects.filter(
+        tenant=tenant,
+        accepted_at__isnull=True,
+        revoked_at__isnull=True,
+        expires_at__gt=timezone.now(),
+    ).select_related("created_by")
+
+
+def invitation_get(*, tenant: Tenant, invitation_id: int) -> Invitation:
+    return Invitation.objects.select_related("tenant").get(tenant=tenant, id=invitation_id)
 
 
 def membership_owner_count(*, tenant: Tenant) -> int:

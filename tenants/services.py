@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import secrets
 import shutil
 import tempfile
 import uuid
@@ -28,6 +29,7 @@ from tenants.models import (
     Adapter,
     ApiKey,
     AuditEvent,
+    Invitation,
     LimitFields,
     Membership,
     Role,
@@ -231,6 +233,100 @@ def membership_remove(
         details={"user": membership.user.get_username(), "role": membership.role},
     )
     membership.delete()
+
+
+# --- Invitations -----------------------------------------------------------------------------
+
+INVITATION_DAYS = 7
+
+
+@dataclass(frozen=True)
+class IssuedInvitation:
+    """An invitation just created: the only moment its token exists outside the link."""
+
+    invitation: Invitation
+    token: str
+
+
+def _invitation_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@transaction.atomic
+def invitation_create(
+    *, tenant: Tenant, role: str, actor: User | None, actor_role: str | None
+) -> IssuedInvitation:
+    _check_owner_rules(actor_role=actor_role, roles_touched=[role])
+    if role not in Role.values:
+        raise ValidationError({"role": f"Choose one of {', '.join(Role.values)}."})
+    token = secrets.token_urlsafe(32)
+    invitation = Invitation.objects.create(
+        tenant=tenant,
+        role=role,
+        token_hash=_invitation_digest(token),
+        created_by=actor,
+        expires_at=timezone.now() + timedelta(days=INVITATION_DAYS),
+    )
+    audit_record(
+        actor=actor,
+        tenant=tenant,
+        action="invitation.create",
+        target=invitation,
+        details={"role": role},
+    )
+    return IssuedInvitation(invitation=invitation, token=token)
+
+
+def invitation_find(*, token: str) -> Invitation | None:
+    """The open invitation a link carries, if any (used, revoked, expired or made up: None)."""
+    invitation = (
+        Invitation.objects.select_related("tenant")
+        .filter(token_hash=_invitation_digest(token))
+        .first()
+    )
+    return invitation if invitation is not None and invitation.is_open else None
+
+
+@transaction.atomic
+def invitation_accept(*, token: str, user: User) -> Membership:
+    """Use the link: ``user`` joins with the invited role. A link works once."""
+    invitation = (
+        Invitation.objects.select_for_update()
+        .select_related("tenant")
+        .filter(token_hash=_invitation_digest(token))
+        .first()
+    )
+    if invitation is None or not invitation.is_open:
+        raise ValidationError(
+            "This invitation link is not valid any more (used, revoked or expired)."
+        )
+    if Membership.objects.filter(tenant=invitation.tenant, user=user).exists():
+        raise ValidationError(f"You are already a member of {invitation.tenant.name}.")
+    membership = Membership.objects.create(
+        tenant=invitation.tenant, user=user, role=invitation.role
+    )
+    invitation.accepted_at = timezone.now()
+    invitation.accepted_by = user
+    invitation.save(update_fields=["accepted_at", "accepted_by"])
+    audit_record(
+        actor=user,
+        tenant=invitation.tenant,
+        action="member.join",
+        target=membership,
+        details={"user": user.get_username(), "role": invitation.role},
+    )
+    return membership
+
+
+@transaction.atomic
+def invitation_revoke(*, invitation: Invitation, actor: User | None) -> Invitation:
+    if invitation.revoked_at is None and invitation.accepted_at is None:
+        invitation.revoked_at = timezone.now()
+        invitation.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=actor, tenant=invitation.tenant, action="invitation.revoke", target=invitation
+        )
+    return invitation
 
 
 # --- API keys --------------------------------------------------------------------------------
@@ -476,15 +572,37 @@ def adapter_validate(*, adapter_id: int) -> Adapter:
             if not default_storage.exists(home + part):
                 with files[part].open("rb") as f:
                     default_storage.save(home + part, File(f))
-    adapter.status = Adapter.Status.READY
-    adapter.sha256 = sha
-    adapter.base_model = model
-    adapter.rank, adapter.alpha = info.rank, info.alpha
-    adapter.target_modules = list(info.target_modules)
-    adapter.size_bytes = sum(default_storage.size(home + p) for p in (lora.CONFIG, lora.WEIGHTS))
-    adapter.validated_at = timezone.now()
-    adapter.staging_path = ""
-    adapter.save()
+    size = sum(default_storage.size(home + p) for p in (lora.CONFIG, lora.WEIGHTS))
+    with transaction.atomic():
+        # Deleted while it was being validated: keep nothing (and never bring it back).
+        adapter = Adapter.objects.select_for_update().select_related("tenant").get(pk=adapter.pk)
+        if adapter.deleted_at is not None:
+
+            def discard() -> None:
+                _storage_remove(staging)
+                _files_unshared(sha)
+
+            transaction.on_commit(discard)
+            return adapter
+        adapter.status = Adapter.Status.READY
+        adapter.sha256 = sha
+        adapter.base_model = model
+        adapter.rank, adapter.alpha = info.rank, info.alpha
+        adapter.target_modules = list(info.target_modules)
+        adapter.size_bytes = size
+        adapter.validated_at = timezone.now()
+        adapter.staging_path = ""
+        adapter.save(
+            update_fields=[
+                *_VERDICT_FIELDS,
+                "sha256",
+                "base_model",
+                "rank",
+                "alpha",
+                "target_modules",
+                "size_bytes",
+            ]
+        )
     audit_record(
         actor=None,
         tenant=adapter.tenant,
@@ -521,12 +639,15 @@ def _validate_against_models(files: dict[str, Path]) -> tuple[Model, lora.Adapte
     raise lora.Rejected(problems[0])
 
 
+_VERDICT_FIELDS = ["status", "reason", "staging_path", "validated_at"]
+
+
 def _adapter_reject(adapter: Adapter, reason: str) -> Adapter:
     adapter.status = Adapter.Status.REJECTED
     adapter.reason = reason[:500]
     adapter.staging_path = ""
     adapter.validated_at = timezone.now()
-    adapter.save()
+    adapter.save(update_fields=_VERDICT_FIELDS)  # not deleted_at: a delete meanwhile stands
     audit_record(
         actor=None,
         tenant=adapter.tenant,
@@ -549,6 +670,9 @@ def _storage_remove(prefix: str) -> None:
         default_storage.delete(prefix.rstrip("/"))
 
 
+RETIRE_AFTER_SECONDS = 3
+
+
 @transaction.atomic
 def adapter_delete(*, adapter: Adapter, actor: User | None) -> Adapter:
     """Delete one version. Its files go when no other adapter (any tenant) shares them."""
@@ -565,13 +689,19 @@ def adapter_delete(*, adapter: Adapter, actor: User | None) -> Adapter:
         from inference.tasks import adapter_retire_task
 
         transaction.on_commit(catalog_publish)
-        transaction.on_commit(lambda: adapter_retire_task.delay(adapter.pk))
+        # After the gateways' next catalog refresh (1 s): no new request can pick it then.
+        transaction.on_commit(
+            lambda: adapter_retire_task.apply_async((adapter.pk,), countdown=RETIRE_AFTER_SECONDS)
+        )
     return adapter
 
 
 def adapter_files_remove(*, adapter: Adapter) -> None:
     """Remove a deleted adapter's files, unless another live adapter (any tenant, same
     content) shares them."""
-    sha = adapter.sha256
+    _files_unshared(adapter.sha256)
+
+
+def _files_unshared(sha: str) -> None:
     if sha and not Adapter.objects.filter(sha256=sha, deleted_at__isnull=True).exists():
         _storage_remove(f"adapters/{sha}/")

@@ -2,17 +2,23 @@
 
 Per pool and replica, under the pool's hash tag (``ip:{p:<pool>}:``), so the admission
 script can prefer replicas that already hold a request's adapter:
-  lora:<replica>        zset   engine-side adapter name -> last used (ms): what it holds
-  lora_inuse:<replica>  hash   engine-side adapter name -> requests using it right now
-  lora_lock:<replica>   string the one process loading onto that replica (single flight)
-  lora_stats            hash   "<replica>|loads" / "<replica>|evictions" counters
+  lora:<replica>               zset   engine-side adapter name -> last used (ms): what it holds
+  lora_use:<replica>:<name>    zset   request id -> until when it counts as using the adapter
+  lora_lock:<replica>          string the one process loading onto that replica (single flight)
+  lora_stats                   hash   "<replica>|loads" / "<replica>|evictions" counters
 
+A request counts as using its adapter from routing until the engine has its request (or for
+USE_MS at most: vLLM's unload only forgets the name, so once the engine runs a request,
+evicting the adapter cannot hurt it, and a crashed gateway's marks expire by themselves).
 A request whose replica lacks its adapter loads it (``POST /v1/load_lora_adapter``) under
-the replica's lock; requests arriving meanwhile wait for that load instead of starting
-their own. A replica holding ``max_loras`` adapters first unloads its least recently used
-one that no request is using. vLLM's unload only forgets the name: requests already running
-with it finish normally. The health probe reconciles these sets with what each engine lists
-in ``/v1/models`` (an engine that restarted holds nothing), see ``inference.services``.
+the replica's lock; requests arriving meanwhile wait for that load instead of starting their
+own. A replica holding ``max_loras`` adapters first unloads its least recently used one that
+no request is using; choosing and claiming it is one script, so a request cannot start using
+an adapter that is being evicted. Times come from Redis's clock (one clock for every host).
+The health probe reconciles these sets with each engine's ``/v1/models`` (``inference.services``).
+
+Failures: an engine that cannot be reached is a replica failure (the caller fails over); an
+engine that refuses the adapter fails only that request (503 ``adapter_load_failed``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import uuid
 import aiohttp
 from redis.asyncio.client import Pipeline
 
+from inference.api.errors import ApiError
 from inference.api.lua import script
 from inference.api.redis import redis_async
 from inference.api.upstream import TRANSPORT_ERRORS, engine_session
@@ -32,9 +39,58 @@ from inference.catalog import adapters_held_key, pool_prefix
 
 log = logging.getLogger(__name__)
 
-LOCK_MS = 60_000  # longest a load may hold a replica's lock (a crashed loader's lock expires)
-WAIT_SECONDS = 60.0  # longest a request waits for another request's load of its adapter
+POST_SECONDS = 30.0  # one load or unload on an engine
+LOCK_MS = 150_000  # longer than the worst locked section: an unload and a load
+WAIT_SECONDS = 120.0  # longest a request waits for another request's load on its replica
+USE_MS = 60_000  # a request's "using this adapter" mark, if nothing removes it before
 POLL_SECONDS = 0.02
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: held, use   ARGV: name, rid, use_ms  ->  1 if the replica holds the adapter
+_USE = (
+    _NOW
+    + """
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[2])
+redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[3]))
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], 'XX', now, ARGV[1])
+  return 1
+end
+return 0
+"""
+)
+
+# KEYS: held   ARGV: keep, capacity, use-key prefix
+#   -> the adapter claimed for eviction (already out of the held set); '' when there is room;
+#      false when every held adapter is in use (load over capacity; a later load evicts)
+_CLAIM_VICTIM = (
+    _NOW
+    + """
+local held = redis.call('ZRANGE', KEYS[1], 0, -1)
+if #held < tonumber(ARGV[2]) then return '' end
+for _, name in ipairs(held) do
+  if name ~= ARGV[1] and redis.call('ZCOUNT', ARGV[3] .. name, now, '+inf') == 0 then
+    redis.call('ZREM', KEYS[1], name)
+    return name
+  end
+end
+return false
+"""
+)
+
+# KEYS: held, stats   ARGV: name, stats field
+_LOADED = (
+    _NOW
+    + """
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
+return 1
+"""
+)
 
 _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -42,12 +98,24 @@ return 0
 """
 
 
-class LoadFailed(Exception):
-    """The replica could not load the adapter (unreachable, or it refused): try another."""
+class ReplicaUnreachable(Exception):
+    """The engine could not be reached to load or unload: a replica failure."""
 
 
-def _inuse_key(pool: str, replica: str) -> str:
-    return f"{pool_prefix(pool)}lora_inuse:{replica}"
+def adapter_refused(message: str) -> ApiError:
+    log.error("engine refused a LoRA adapter operation: %s", message)
+    return ApiError(
+        503,
+        "The adapter could not be loaded onto the engine (the engine refused it; the "
+        "platform operator can see why in the logs). Retrying will not help until that "
+        "is fixed.",
+        type="server_error",
+        code="adapter_load_failed",
+    )
+
+
+def _use_key(pool: str, replica: str, name: str) -> str:
+    return f"{pool_prefix(pool)}lora_use:{replica}:{name}"
 
 
 def _lock_key(pool: str, replica: str) -> str:
@@ -58,27 +126,20 @@ def stats_key(pool: str) -> str:
     return f"{pool_prefix(pool)}lora_stats"
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+async def use(pool: str, replica: str, name: str, rid: str) -> bool:
+    """Mark the request as using the adapter on the replica (it is not evicted meanwhile)
+    and the adapter as recently used; whether the replica already holds it."""
+    keys = [adapters_held_key(pool, replica), _use_key(pool, replica, name)]
+    held = await script(_USE)(keys=keys, args=[name, rid, USE_MS])
+    return bool(held)
 
 
-async def use(pool: str, replica: str, name: str) -> bool:
-    """Count a request using the adapter on the replica (it is not evicted meanwhile) and
-    mark it recently used; whether the replica already holds it."""
-    pipe = redis_async().pipeline(transaction=False)
-    pipe.hincrby(_inuse_key(pool, replica), name, 1)
-    pipe.zadd(adapters_held_key(pool, replica), {name: _now_ms()}, xx=True)
-    pipe.zscore(adapters_held_key(pool, replica), name)
-    results = await pipe.execute()
-    return results[2] is not None
+async def unuse(pool: str, replica: str, name: str, rid: str) -> None:
+    await redis_async().zrem(_use_key(pool, replica, name), rid)
 
 
-async def unuse(pool: str, replica: str, name: str) -> None:
-    await redis_async().hincrby(_inuse_key(pool, replica), name, -1)
-
-
-def unuse_into(pipe: Pipeline, pool: str, replica: str, name: str) -> None:
-    pipe.hincrby(_inuse_key(pool, replica), name, -1)
+def unuse_into(pipe: Pipeline, pool: str, replica: str, name: str, rid: str) -> None:
+    pipe.zrem(_use_key(pool, replica, name), rid)
 
 
 async def forget(pool: str, replica: str, name: str) -> None:
@@ -99,10 +160,9 @@ async def load(*, pool: str, replica: str, url: str, name: str, path: str, capac
                     await _make_room(pool, replica, url, keep=name, capacity=capacity)
                     body = {"lora_name": name, "lora_path": path}
                     await _post(url, "/v1/load_lora_adapter", body)
-                    pipe = client.pipeline(transaction=False)
-                    pipe.zadd(key, {name: _now_ms()})
-                    pipe.hincrby(stats_key(pool), f"{replica}|loads", 1)
-                    await pipe.execute()
+                    await script(_LOADED)(
+                        keys=[key, stats_key(pool)], args=[name, f"{replica}|loads"]
+                    )
                     log.info("loaded adapter %s on %s", name, url)
                 return
             finally:
@@ -111,34 +171,27 @@ async def load(*, pool: str, replica: str, url: str, name: str, path: str, capac
         if await client.zscore(key, name) is not None:
             return
         if time.monotonic() > deadline:
-            raise LoadFailed(f"timed out waiting for {name} to load on {url}")
+            raise ApiError(
+                503,
+                "The adapter is still being loaded. Retry shortly.",
+                type="server_error",
+                code="adapter_loading",
+                headers={"retry-after": "5"},
+            )
 
 
 async def _make_room(pool: str, replica: str, url: str, *, keep: str, capacity: int) -> None:
-    """Unload least recently used adapters no request is using until one more fits. When
-    every one is in use, load over capacity: vLLM takes it (swapping in its own cache), and
-    the next load evicts back down."""
-    client = redis_async()
-    key = adapters_held_key(pool, replica)
-    members = await client.zrange(key, 0, -1)  # least recently used first
-    held = [m.decode() if isinstance(m, bytes) else str(m) for m in members]
-    excess = len(held) - capacity + 1
-    if excess <= 0:
-        return
-    using = await client.hmget(_inuse_key(pool, replica), held)
-    for victim, count in zip(held, using, strict=True):
-        if excess <= 0:
-            break
-        if victim == keep or int(count or 0) > 0:
-            continue
-        await unload(url, victim)
-        pipe = client.pipeline(transaction=False)
-        pipe.zrem(key, victim)
-        pipe.hdel(_inuse_key(pool, replica), victim)
-        pipe.hincrby(stats_key(pool), f"{replica}|evictions", 1)
-        await pipe.execute()
-        log.info("evicted adapter %s from %s", victim, url)
-        excess -= 1
+    """Unload least recently used adapters no request is using until one more fits."""
+    held_key = adapters_held_key(pool, replica)
+    use_prefix = f"{pool_prefix(pool)}lora_use:{replica}:"
+    while True:
+        victim = await script(_CLAIM_VICTIM)(keys=[held_key], args=[keep, capacity, use_prefix])
+        if not victim:  # room ('') or every one in use (None): load anyway
+            return
+        name = victim.decode() if isinstance(victim, bytes) else str(victim)
+        await unload(url, name)
+        await redis_async().hincrby(stats_key(pool), f"{replica}|evictions", 1)
+        log.info("evicted adapter %s from %s", name, url)
 
 
 async def unload(url: str, name: str) -> None:
@@ -149,15 +202,15 @@ async def unload(url: str, name: str) -> None:
 async def _post(url: str, path: str, body: dict[str, str], *, missing_ok: bool = False) -> None:
     try:
         async with engine_session().post(
-            url + path, json=body, timeout=aiohttp.ClientTimeout(total=WAIT_SECONDS)
+            url + path, json=body, timeout=aiohttp.ClientTimeout(total=POST_SECONDS)
         ) as response:
             text = (await response.read()).decode(errors="replace")
     except TRANSPORT_ERRORS as exc:
-        raise LoadFailed(f"{path} on {url}: {type(exc).__name__}: {exc}") from exc
+        raise ReplicaUnreachable(f"{path} on {url}: {type(exc).__name__}: {exc}") from exc
     if response.status == 200:
         return
     if missing_ok and response.status == 404:
         return
     if response.status == 400 and "already been loaded" in text:
         return  # loaded by someone who could not record it (e.g. Redis was flushed)
-    raise LoadFailed(f"{path} on {url}: HTTP {response.status}: {text[:300]}")
+    raise adapter_refused(f"{path} on {url}: HTTP {response.status}: {text[:300]}")

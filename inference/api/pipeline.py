@@ -115,6 +115,8 @@ def _resolve(
         entry = catalog.get("adapters", {}).get(address)
         if entry is None or entry["tenant"] != key.tenant_id:
             raise model_not_found(name)
+        if name.endswith(":"):
+            raise model_not_found(name)
         found = entry["versions"].get(version or str(entry["latest"]))
         if found is None:
             raise model_not_found(name)
@@ -264,7 +266,7 @@ class Relay:
                     # Most likely a pooled keep-alive connection the engine had just closed:
                     # one fresh try on the same replica before calling it failed.
                     response = await session.post(url + path, data=call.body, headers=headers)
-            except (*TRANSPORT_ERRORS, lora.LoadFailed) as exc:
+            except (*TRANSPORT_ERRORS, lora.ReplicaUnreachable) as exc:
                 await self._failover(f"{type(exc).__name__}: {exc}")
                 continue
             self.response = response  # from here on, close() aborts it whatever happens
@@ -307,10 +309,9 @@ class Relay:
             held = False
             if call.adapter_replica != call.replica:
                 if call.adapter_replica:
-                    await lora.unuse(pool, call.adapter_replica, adapter.engine_name)
-                call.adapter_replica = ""
-                held = await lora.use(pool, call.replica, adapter.engine_name)
-                call.adapter_replica = call.replica
+                    await lora.unuse(pool, call.adapter_replica, adapter.engine_name, call.rid)
+                call.adapter_replica = call.replica  # before: finish() unmarks it whatever
+                held = await lora.use(pool, call.replica, adapter.engine_name, call.rid)
             if not held:
                 await lora.load(
                     pool=pool,
@@ -324,6 +325,9 @@ class Relay:
             log.warning("adapter bookkeeping unavailable", exc_info=True)
             call.status, call.error = "error", "adapter bookkeeping unavailable"
             raise overloaded(2, "Adapters cannot be placed for a moment. Retry shortly.") from None
+        except ApiError as exc:  # the engine refused the adapter, or its load takes too long
+            call.status, call.error = "error", exc.message[:300]
+            raise
 
     async def _forget_adapter(self, adapter: Adapter) -> None:
         try:
@@ -494,7 +498,9 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         if call.replica:
             admission().complete_into(pipe, pool=call.pool, rid=call.rid, adjustment=adjustment)
         if call.adapter is not None and call.adapter_replica:
-            lora.unuse_into(pipe, call.pool, call.adapter_replica, call.adapter.engine_name)
+            lora.unuse_into(
+                pipe, call.pool, call.adapter_replica, call.adapter.engine_name, call.rid
+            )
         call.grant.release_into(pipe, tokens, cost)
         metering.spool_into(pipe, record)
         await pipe.execute()
@@ -503,7 +509,9 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
             if call.replica:
                 await admission().complete(pool=call.pool, rid=call.rid, adjustment=adjustment)
             if call.adapter is not None and call.adapter_replica:
-                await lora.unuse(call.pool, call.adapter_replica, call.adapter.engine_name)
+                await lora.unuse(
+                    call.pool, call.adapter_replica, call.adapter.engine_name, call.rid
+                )
             await call.grant.release(tokens, cost)
             await metering.spool(record)
         except RedisError:

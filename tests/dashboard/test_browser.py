@@ -241,3 +241,29 @@ def test_an_adapter_upload_shows_progress_then_its_verdict(
     broken.get_by_role("button", name="Delete").click()
     expect(page.locator("tr[data-adapter='broken:1']")).to_have_count(0)
     assert Adapter.objects.get(name="broken").deleted_at is not None
+
+
+def test_an_owner_invites_and_the_invitee_signs_up_through_the_link(
+    page: Page, chromium: Browser, dash_stack: Stack, people: TenantPeople
+) -> None:
+    log_in(page, dash_stack, people.owner)
+    page.get_by_role("link", name="Members").click()
+    page.get_by_label("Role of the invitee").select_option("finance")
+    page.get_by_role("button", name="Create invitation link").click()
+    link = page.locator("[data-join-url]").inner_text().strip()
+    shot(page, "members-invited")
+
+    invitee = chromium.new_context().new_page()
+    invitee.goto(link)
+    expect(invitee.get_by_role("heading", level=1)).to_contain_text("Join Acme")
+    invitee.get_by_label("Username").fill("newcomer")
+    invitee.get_by_label("Password", exact=True).fill("a long enough pass phrase")
+    invitee.get_by_label("Password confirmation").fill("a long enough pass phrase")
+    invitee.get_by_role("button", name="Create account and join").click()
+    invitee.wait_for_url("**/app/t/acme/")
+    expect(invitee.locator(".who")).to_contain_text("finance")
+    invitee.context.close()
+
+    page.reload()
+    expect(page.locator("tr[data-member='newcomer']")).to_be_visible()
+    shot(page, "members")

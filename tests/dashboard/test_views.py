@@ -13,7 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from billing.services import daily_usage_refresh, usage_records_insert
-from tenants.models import Adapter, ApiKey, User
+from tenants.models import Adapter, ApiKey, Invitation, Membership, User
 from tenants.services import api_key_create
 from tests.conftest import TenantPeople
 from tests.tenants.test_adapters import served  # noqa: F401  (fixture)
@@ -21,7 +21,7 @@ from tests.tenants.test_lora import config, lora_tensors, safetensors
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["", "keys/", "adapters/"]
+PAGES = ["", "keys/", "members/", "adapters/"]
 
 
 def browser(user: User | None) -> Client:
@@ -67,6 +67,9 @@ def test_an_outsider_gets_404_for_every_page_and_action(people: TenantPeople) ->
         f"keys/{key.pk}/rotate/",
         "adapters/",
         "adapters/bot/1/delete/",
+        "members/",
+        f"members/{people.tenant.memberships.get(role='owner').pk}/role/",
+        f"members/{people.tenant.memberships.get(role='owner').pk}/remove/",
     ):
         assert client.post(f"/app/t/acme/{action}", {"name": "x"}).status_code == 404
     assert client.get("/app/t/no-such-tenant/").status_code == 404
@@ -221,3 +224,123 @@ def test_an_oversized_upload_is_refused_before_it_is_read(
     )
     assert response.status_code == 413 and b"limited to 1,000 bytes" in response.content
     assert not Adapter.objects.exists()
+
+
+def _invite(client: Client, role: str) -> str:
+    response = client.post("/app/t/acme/members/", {"role": role})
+    assert response.status_code == 200, response.content
+    assert response["Cache-Control"] == "no-store"
+    return response.content.decode().split("data-join-url>")[1].split("<")[0]
+
+
+def test_an_invitation_link_makes_one_new_member_once(people: TenantPeople) -> None:
+    link = _invite(browser(people.admin), "developer")
+    assert link.startswith("http://testserver/app/join/")
+    path = link.removeprefix("http://testserver")
+    assert people.tenant.name.encode() in browser(None).get(path).content
+    newcomer = browser(None)
+    joined = newcomer.post(
+        path,
+        {
+            "username": "newcomer",
+            "email": "new@example.com",
+            "password1": "a long enough pass phrase",
+            "password2": "a long enough pass phrase",
+        },
+    )
+    assert joined.status_code == 302 and joined["Location"] == "/app/t/acme/"
+    member = Membership.objects.get(tenant=people.tenant, user__username="newcomer")
+    assert member.role == "developer"
+    assert newcomer.get("/app/t/acme/").status_code == 200  # logged in by joining
+    # Used up: nobody else gets in with it, and the page says why.
+    again = browser(people.outsider).get(path)
+    assert again.status_code == 404 and b"not valid" in again.content
+    assert browser(people.outsider).post(path).status_code == 404
+    assert not Membership.objects.filter(tenant=people.tenant, user=people.outsider).exists()
+    assert browser(None).get("/app/join/made-up-token/").status_code == 404
+
+
+def test_a_logged_in_user_joins_with_one_click_and_bad_signups_get_form_errors(
+    people: TenantPeople,
+) -> None:
+    path = _invite(browser(people.owner), "viewer").removeprefix("http://testserver")
+    bad = browser(None).post(path, {"username": "x", "password1": "a", "password2": "b"})
+    assert bad.status_code == 400 and b"didn" in bad.content  # passwords didn't match
+    assert not User.objects.filter(username="x").exists()
+    assert browser(people.outsider).post(path).status_code == 302
+    assert Membership.objects.get(tenant=people.tenant, user=people.outsider).role == "viewer"
+
+
+def test_only_owners_invite_or_make_owners_and_the_last_owner_stays(
+    people: TenantPeople,
+) -> None:
+    admin = browser(people.admin)
+    assert admin.post("/app/t/acme/members/", {"role": "owner"}).status_code == 403
+    assert not Invitation.objects.exists()
+    developer = people.tenant.memberships.get(user=people.developer)
+    assert (
+        admin.post(f"/app/t/acme/members/{developer.pk}/role/", {"role": "owner"}).status_code
+        == 403
+    )
+    assert (
+        admin.post(f"/app/t/acme/members/{developer.pk}/role/", {"role": "admin"}).status_code
+        == 302
+    )
+    developer.refresh_from_db()
+    assert developer.role == "admin"
+
+    owner = people.tenant.memberships.get(role="owner")
+    response = browser(people.owner).post(f"/app/t/acme/members/{owner.pk}/remove/")
+    assert response.status_code == 400 and b"last owner cannot be removed" in response.content
+    demoted = browser(people.owner).post(
+        f"/app/t/acme/members/{owner.pk}/role/", {"role": "viewer"}
+    )
+    assert demoted.status_code == 400 and b"at least one owner" in demoted.content
+    assert Membership.objects.get(pk=owner.pk).role == "owner"
+
+
+@pytest.mark.parametrize("persona", ["developer", "finance", "viewer"])
+def test_members_without_the_right_see_the_list_but_cannot_change_it(
+    people: TenantPeople, persona: str
+) -> None:
+    client = browser(people.user(persona))
+    page = client.get("/app/t/acme/members/").content
+    assert b"owner" in page and b"Create invitation link" not in page
+    assert client.post("/app/t/acme/members/", {"role": "viewer"}).status_code == 403
+    target = people.tenant.memberships.get(user=people.viewer)
+    assert client.post(f"/app/t/acme/members/{target.pk}/remove/").status_code == 403
+    assert Membership.objects.filter(pk=target.pk).exists()
+
+
+def test_revoked_invitations_do_not_work(people: TenantPeople) -> None:
+    path = _invite(browser(people.owner), "developer").removeprefix("http://testserver")
+    invitation = Invitation.objects.get()
+    assert (
+        browser(people.admin).post(f"/app/t/acme/invitations/{invitation.pk}/revoke/").status_code
+        == 302
+    )
+    assert browser(people.outsider).get(path).status_code == 404
+    assert (
+        browser(people.outsider)
+        .post(f"/app/t/acme/invitations/{invitation.pk}/revoke/")
+        .status_code
+        == 404
+    )
+
+
+def test_the_audit_log_shows_who_did_what_filtered(people: TenantPeople) -> None:
+    owner = browser(people.owner)
+    owner.post("/app/t/acme/keys/", {"name": "audited", "scopes": ["inference"]})
+    key = ApiKey.objects.get(name="audited")
+    owner.post(f"/app/t/acme/keys/{key.pk}/revoke/")
+    page = owner.get("/app/t/acme/audit/").content.decode()
+    assert 'data-action="api_key.create"' in page and 'data-action="api_key.revoke"' in page
+    only = owner.get("/app/t/acme/audit/?action=api_key.rev").content.decode()
+    assert 'data-action="api_key.revoke"' in only and 'data-action="api_key.create"' not in only
+    nobody = owner.get("/app/t/acme/audit/?actor=someone-else").content.decode()
+    assert "Nothing matches." in nobody
+    bad = owner.get("/app/t/acme/audit/?since=yesterday")
+    assert bad.status_code == 400 and b"Enter a valid date" in bad.content
+    for persona in ("developer", "finance", "viewer"):
+        assert browser(people.user(persona)).get("/app/t/acme/audit/").status_code == 403
+    assert browser(people.outsider).get("/app/t/acme/audit/").status_code == 404

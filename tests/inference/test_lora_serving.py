@@ -262,3 +262,27 @@ def test_deleting_an_adapter_unloads_it_and_removes_its_files(
         lora_world.complete(key, address)
     wait_for(lambda: lora_world.engine_adapters() == set(), timeout=30)
     wait_for(lambda: not files.exists(), timeout=30)
+
+
+def test_an_adapter_the_engine_refuses_fails_that_request_only(
+    lora_world: LoraWorld, media: Path
+) -> None:
+    """Its files vanished behind our back: the engine refuses the load. The caller gets a
+    clear 503; the replica stays in rotation for everyone else."""
+    tenant, key = lora_world.tenant()
+    adapter = lora_world.adapter(tenant, "lost", scaled_weights(WEIGHTS, 7))
+    address = f"{tenant.slug}/lost"
+    wait_for(lambda: address in lora_world.models(key))
+    for part in (media / "adapters" / adapter.sha256).iterdir():
+        part.unlink()
+    with pytest.raises(openai.APIStatusError) as caught:
+        lora_world.complete(key, address)
+    assert caught.value.status_code == 503 and caught.value.code == "adapter_load_failed"
+    ready = redis_lib.Redis.from_url(lora_world.stack.env["REDIS_URL"]).hkeys(
+        "ip:{p:online}:replicas"
+    )
+    assert str(lora_world.pool().replicas.get().pk).encode() in ready
+    assert lora_world.complete(key, "tiny-chat")  # the base model is served as before
+    # No request is left marked as using an adapter once it is over.
+    client = redis_lib.Redis.from_url(lora_world.stack.env["REDIS_URL"])
+    assert all(client.zcard(k) == 0 for k in client.keys("ip:{p:online}:lora_use:*"))

@@ -131,6 +131,9 @@ def test_every_supported_module_and_a_smaller_rank(tmp_path: Path) -> None:
         (config(target_modules="q_proj"), "non-empty list"),
         (config(target_modules=["q_proj", "lm_head"]), "Unsupported target modules ['lm_head']"),
         (config(base_model_name_or_path="meta-llama/Llama-3-8B"), "trained for 'meta-llama"),
+        (config(use_dora=True), "DoRA adapters"),
+        (config(modules_to_save=["lm_head"]), "modules_to_save is not supported"),
+        (config(bias="all"), "bias terms are not supported"),
     ],
 )
 def test_bad_configs_are_refused_with_a_reason(tmp_path: Path, cfg: bytes, reason: str) -> None:
