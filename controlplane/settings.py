@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import django_stubs_ext
 from celery.schedules import crontab
@@ -264,8 +265,27 @@ STATIC_ROOT = VAR_DIR / "static"
 # Uploaded files (LoRA adapters): a directory under var/ by default.
 MEDIA_ROOT = Path(env_str("INFERPLANE_MEDIA_ROOT", str(VAR_DIR / "media")))
 ADAPTER_MAX_BYTES = env_int("INFERPLANE_ADAPTER_MAX_BYTES", 256 * 1024 * 1024, minimum=1024)
+# Uploaded files: the filesystem (MEDIA_ROOT) unless INFERPLANE_STORAGE=s3 (any
+# S3-compatible store, through django-storages). Engines load adapters from a local path:
+# with S3, from copies in ADAPTER_CACHE_DIR, a volume they share with the worker.
+STORAGE_KIND = env_choice("INFERPLANE_STORAGE", "filesystem", {"filesystem", "s3"})
+ADAPTER_CACHE_DIR = Path(env_str("INFERPLANE_ADAPTER_CACHE_DIR", str(VAR_DIR / "adapter-cache")))
+_DEFAULT_STORAGE: dict[str, Any] = {"BACKEND": "django.core.files.storage.FileSystemStorage"}
+if STORAGE_KIND == "s3":
+    _DEFAULT_STORAGE = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": env_str("INFERPLANE_S3_BUCKET"),
+            "endpoint_url": env_str("INFERPLANE_S3_ENDPOINT_URL", "") or None,
+            "region_name": env_str("INFERPLANE_S3_REGION", "") or None,
+            "access_key": env_str("INFERPLANE_S3_ACCESS_KEY_ID", "") or None,
+            "secret_key": env_str("INFERPLANE_S3_SECRET_ACCESS_KEY", "") or None,
+            "default_acl": None,
+            "file_overwrite": False,
+        },
+    }
 STORAGES = {
-    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "default": _DEFAULT_STORAGE,
     "staticfiles": {
         "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
         if PRODUCTION

@@ -9,6 +9,7 @@ publish heals within one probe interval.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -17,6 +18,8 @@ from django.utils import timezone
 
 from controlplane.redis import redis_sync
 from inference.models import Model, Pool, Replica
+
+log = logging.getLogger(__name__)
 
 CATALOG_KEY = "ip:catalog"
 
@@ -74,7 +77,7 @@ def _adapters(models: dict[str, Any]) -> dict[str, Any]:
     """Ready adapters by ``<tenant-slug>/<name>``: whose they are, their base model, and per
     version the engine-side name and the directory an engine loads them from."""
     from tenants.models import Adapter
-    from tenants.selectors import adapter_local_dir
+    from tenants.services import adapter_local_dir
 
     adapters: dict[str, Any] = {}
     ready = (
@@ -97,7 +100,8 @@ def _adapters(models: dict[str, Any]) -> dict[str, Any]:
         )
         try:
             path = adapter_local_dir(adapter=adapter)
-        except NotImplementedError:  # storage without local paths: engines cannot load it
+        except OSError:  # storage unreachable: not servable until the next publish
+            log.warning("adapter %s has no local copy for the engines", adapter, exc_info=True)
             path = ""
         entry["versions"][str(adapter.version)] = {
             "engine_name": f"{address}:{adapter.version}",

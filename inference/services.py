@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 
 from controlplane.redis import redis_sync
 from inference.catalog import adapters_held_key, catalog_publish, pool_prefix
-from inference.models import Model, Pool, Replica
+from inference.models import Model, Pool, Replica, name_validator
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,7 @@ def model_ensure(
     supports_lora: bool = False,
     architecture: dict[str, Any] | None = None,
 ) -> Model:
+    name_validator(name)  # no '/': that addresses tenants' adapters
     defaults: dict[str, Any] = {
         "served_name": served_name,
         "context_length": context_length,

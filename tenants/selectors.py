@@ -120,11 +120,3 @@ def adapter_list(*, tenant: Tenant) -> QuerySet[Adapter]:
 def adapter_get(*, tenant: Tenant, name: str, version: int) -> Adapter:
     """Raises ``Adapter.DoesNotExist`` for another tenant's adapter, as for a missing one."""
     return Adapter.objects.get(tenant=tenant, name=name, version=version, deleted_at__isnull=True)
-
-
-def adapter_local_dir(*, adapter: Adapter) -> str:
-    """Where a ready adapter's two files are on this machine's filesystem (what an engine's
-    ``load_lora_adapter`` takes as ``lora_path``). Filesystem storage only."""
-    from django.core.files.storage import default_storage
-
-    return default_storage.path(f"adapters/{adapter.sha256}")

@@ -705,3 +705,35 @@ def adapter_files_remove(*, adapter: Adapter) -> None:
 def _files_unshared(sha: str) -> None:
     if sha and not Adapter.objects.filter(sha256=sha, deleted_at__isnull=True).exists():
         _storage_remove(f"adapters/{sha}/")
+        shutil.rmtree(Path(settings.ADAPTER_CACHE_DIR) / sha, ignore_errors=True)
+
+
+def adapter_local_dir(*, adapter: Adapter) -> str:
+    """A directory holding a ready adapter's two files on this machine's filesystem: what an
+    engine's ``load_lora_adapter`` takes as ``lora_path`` (engines must see the same path).
+
+    With filesystem storage, where the storage keeps them. With storage that has no local
+    paths (S3), a copy in ``ADAPTER_CACHE_DIR`` (a volume shared with the engines), fetched
+    from storage once, content-addressed like the storage itself.
+    """
+    home = f"adapters/{adapter.sha256}/"
+    with contextlib.suppress(NotImplementedError):
+        local = Path(default_storage.path(home.rstrip("/")))
+        if all((local / part).is_file() for part in (lora.CONFIG, lora.WEIGHTS)):
+            return str(local)
+    cache = Path(settings.ADAPTER_CACHE_DIR) / adapter.sha256
+    if not all((cache / part).is_file() for part in (lora.CONFIG, lora.WEIGHTS)):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{adapter.sha256}-", dir=cache.parent))
+        try:
+            for part in (lora.CONFIG, lora.WEIGHTS):
+                with (
+                    default_storage.open(home + part, "rb") as src,
+                    (staging / part).open("wb") as out,
+                ):
+                    shutil.copyfileobj(src, out, 1 << 20)
+            with contextlib.suppress(OSError):  # another process filled it meanwhile: fine
+                staging.rename(cache)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(cache)

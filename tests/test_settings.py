@@ -50,3 +50,23 @@ def test_debug_is_off_unless_asked() -> None:
     assert result.stdout.strip() == "DEBUG False", result.stderr
     result = run_manage("shell", "--no-imports", "-c", show, env={"DEBUG": "1"})
     assert result.stdout.strip() == "DEBUG True", result.stderr
+
+
+def test_s3_storage_is_configured_from_the_environment() -> None:
+    show = (
+        "from django.core.files.storage import storages; s = storages['default']; "
+        "print(type(s).__name__, s.bucket_name, s.endpoint_url)"
+    )
+    env = {
+        "INFERPLANE_STORAGE": "s3",
+        "INFERPLANE_S3_BUCKET": "adapters",
+        "INFERPLANE_S3_ENDPOINT_URL": "http://minio.internal:9000",
+    }
+    result = run_manage("shell", "--no-imports", "-c", show, env=env)
+    assert result.stdout.split() == ["S3Storage", "adapters", "http://minio.internal:9000"], (
+        result.stderr
+    )
+    missing = run_manage("check", env={"INFERPLANE_STORAGE": "s3"})
+    assert missing.returncode != 0 and "INFERPLANE_S3_BUCKET must be set" in missing.stderr
+    wrong = run_manage("check", env={"INFERPLANE_STORAGE": "ftp"})
+    assert "INFERPLANE_STORAGE='ftp' must be one of" in wrong.stderr

@@ -20,7 +20,7 @@ from inference.catalog import adapters_held_key, catalog_publish
 from inference.models import Model, Pool
 from inference.services import replica_probe
 from tenants.models import Adapter, Role, Tenant
-from tenants.selectors import adapter_local_dir
+from tenants.services import adapter_local_dir
 from tests.conftest import client_for
 from tests.engines import Engine, engine_start
 from tests.factories import MembershipFactory, UserFactory
@@ -267,14 +267,13 @@ def test_deleting_an_adapter_unloads_it_and_removes_its_files(
 def test_an_adapter_the_engine_refuses_fails_that_request_only(
     lora_world: LoraWorld, media: Path
 ) -> None:
-    """Its files vanished behind our back: the engine refuses the load. The caller gets a
-    clear 503; the replica stays in rotation for everyone else."""
+    """Its weights were damaged behind our back: the engine refuses the load. The caller gets
+    a clear 503; the replica stays in rotation for everyone else."""
     tenant, key = lora_world.tenant()
     adapter = lora_world.adapter(tenant, "lost", scaled_weights(WEIGHTS, 7))
     address = f"{tenant.slug}/lost"
     wait_for(lambda: address in lora_world.models(key))
-    for part in (media / "adapters" / adapter.sha256).iterdir():
-        part.unlink()
+    (media / "adapters" / adapter.sha256 / "adapter_model.safetensors").write_bytes(b"garbage")
     with pytest.raises(openai.APIStatusError) as caught:
         lora_world.complete(key, address)
     assert caught.value.status_code == 503 and caught.value.code == "adapter_load_failed"

@@ -225,3 +225,48 @@ def test_oversized_uploads_get_413(people: TenantPeople, served: Path, settings:
     )
     assert response.status_code == 413 and "10,000 bytes" in response.json()["detail"]
     assert not Adapter.objects.exists() and _files(served) == []
+
+
+def test_with_storage_without_local_paths_engines_get_a_cached_copy(
+    people: TenantPeople,
+    served: Path,
+    settings: Any,
+    tmp_path: Path,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """S3-like storage (Django's in-memory storage: no local paths either): the engines load
+    from a copy in ADAPTER_CACHE_DIR, fetched from storage once and removed with the files."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "default": {"BACKEND": "django.core.files.storage.InMemoryStorage"},
+    }
+    settings.ADAPTER_CACHE_DIR = tmp_path / "cache"
+    _upload(people, "owner", django_capture_on_commit_callbacks, **_two_files())
+    adapter = adapter_validate(adapter_id=Adapter.objects.get().pk)
+    assert adapter.status == "ready"
+    assert _files(served) == []  # nothing on the filesystem storage: it is all in "S3"
+
+    from inference.catalog import catalog_build
+
+    entry = catalog_build()["adapters"]["acme/support-bot"]["versions"]["1"]
+    cached = tmp_path / "cache" / adapter.sha256
+    assert entry["path"] == str(cached)
+    assert sorted(p.name for p in cached.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    assert (cached / "adapter_config.json").read_bytes() == config()
+    # A new engine node with an empty cache: the next publish fetches it again.
+    for part in cached.iterdir():
+        part.unlink()
+    cached.rmdir()
+    assert catalog_build()["adapters"]["acme/support-bot"]["versions"]["1"]["path"] == str(cached)
+    assert (cached / "adapter_model.safetensors").is_file()
+
+    with django_capture_on_commit_callbacks(execute=False):
+        client_for(people.owner).post("/api/tenants/acme/adapters/support-bot/1/delete/")
+    assert adapter_retire(adapter_id=adapter.pk)
+    assert not cached.exists()
+    from django.core.files.storage import default_storage
+
+    assert not default_storage.exists(f"adapters/{adapter.sha256}/adapter_config.json")

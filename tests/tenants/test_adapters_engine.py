@@ -12,8 +12,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from tenants.models import Adapter
-from tenants.selectors import adapter_local_dir
-from tenants.services import adapter_validate
+from tenants.services import adapter_local_dir, adapter_validate
 from tests.conftest import TenantPeople, client_for
 from tests.engines import Engine, engine_start
 from tests.tenants.test_adapters import served  # noqa: F401  (fixture)

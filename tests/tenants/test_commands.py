@@ -98,3 +98,12 @@ def test_seed_demo_is_idempotent_and_keeps_a_working_key(tmp_path: object) -> No
     ApiKey.objects.update(revoked_at="2026-01-01T00:00:00Z")
     assert run_manage("seed_demo", env=env).returncode == 0
     assert api_key_authenticate(raw_key=key_file.read_text().strip()) is not None
+
+
+def test_seed_demo_refuses_a_model_name_that_would_read_as_an_adapter(tmp_path: object) -> None:
+    result = run_manage(
+        "seed_demo", "--model-name", "Qwen/Qwen2.5-7B", env={"INFERPLANE_VAR_DIR": str(tmp_path)}
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().startswith("CommandError: --model-name 'Qwen/Qwen2.5-7B'")
+    assert "no '/'" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from billing.models import Price
@@ -72,13 +73,16 @@ class Command(BaseCommand):
                 **json.loads(config_file.read_text()),
                 "_name_or_path": config_file.parent.name,
             }
-        model = model_ensure(
-            name=name,
-            served_name=name,
-            context_length=options["context_length"],
-            supports_lora=architecture is not None,
-            architecture=architecture,
-        )
+        try:
+            model = model_ensure(
+                name=name,
+                served_name=name,
+                context_length=options["context_length"],
+                supports_lora=architecture is not None,
+                architecture=architecture,
+            )
+        except ValidationError as exc:
+            raise CommandError(f"--model-name {name!r}: {' '.join(exc.messages)}") from None
         pool_ensure(
             name="online", kind="dedicated", model=model, replica_urls=[options["online_url"]]
         )
