@@ -55,3 +55,140 @@ def recent_problems(*, tenant: Tenant, limit: int = 10) -> QuerySet[UsageRecord]
         .select_related("api_key")
         .order_by("-started_at")[:limit]
     )
+
+
+USAGE_COLUMNS = ("day", "model", "adapter", "api_key__prefix", "mode")
+
+
+def usage_rows(
+    *,
+    tenant: Tenant,
+    start: date,
+    end: date,
+    model: str = "",
+    api_key_id: int | None = None,
+    mode: str = "",
+) -> list[dict[str, Any]]:
+    """The rollups for ``[start, end]`` (UTC days) and the filters, one row per day, model,
+    adapter, key and mode: what the usage explorer's table, chart and CSV all show."""
+    rows = DailyUsage.objects.filter(tenant=tenant, day__gte=start, day__lte=end)
+    if model:
+        rows = rows.filter(model=model)
+    if api_key_id is not None:
+        rows = rows.filter(api_key_id=api_key_id)
+    if mode:
+        rows = rows.filter(mode=mode)
+    return list(
+        rows.values(*USAGE_COLUMNS)
+        .annotate(
+            requests=Sum("requests"),
+            errors=Sum("errors"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+            cached_tokens=Sum("cached_tokens"),
+            cost_micros=Sum("cost_micros"),
+        )
+        .order_by(*USAGE_COLUMNS)
+    )
+
+
+def usage_chart(rows: list[dict[str, Any]], *, start: date, days: int) -> dict[str, Any]:
+    """The explorer's rows as the overview chart's shape: tokens per model, spend, per day."""
+    models = sorted({r["model"] for r in rows})
+    tokens = {m: [0] * days for m in models}
+    spend = [0.0] * days
+    for r in rows:
+        i = (r["day"] - start).days
+        tokens[r["model"]][i] += r["prompt_tokens"] + r["completion_tokens"]
+        spend[i] += r["cost_micros"] / 1_000_000
+    return {
+        "labels": [(start + timedelta(days=i)).isoformat() for i in range(days)],
+        "tokens": [{"model": m, "data": tokens[m]} for m in models],
+        "spend": [round(v, 6) for v in spend],
+    }
+
+
+def usage_models(*, tenant: Tenant, since: date) -> list[str]:
+    """Models with usage since ``since``: the explorer's model choices."""
+    return list(
+        DailyUsage.objects.filter(tenant=tenant, day__gte=since)
+        .values_list("model", flat=True)
+        .distinct()
+        .order_by("model")
+    )
+
+
+def ops_snapshot() -> dict[str, Any]:
+    """The operator's view of serving right now: per pool its replicas (state from the last
+    probe; in flight, capacity and adapters from the admission state in Redis) and per
+    tenant what runs and what waits."""
+    from controlplane.redis import redis_sync
+    from inference.catalog import adapters_held_key, pool_prefix
+    from inference.models import Pool
+
+    client = redis_sync()
+    tenants = {t.pk: t for t in Tenant.objects.all()}
+    pools = []
+    for pool in Pool.objects.select_related("model").prefetch_related("replicas"):
+        base = pool_prefix(pool.name)
+        pipe = client.pipeline(transaction=False)
+        pipe.hgetall(base + "rload")
+        pipe.hgetall(base + "active")
+        pipe.zrange(base + "backlog", 0, -1)
+        pipe.llen(base + "fcfs")
+        replicas = list(pool.replicas.all())
+        for replica in replicas:
+            pipe.zrange(adapters_held_key(pool.name, str(replica.pk)), 0, -1)
+        rload, active, backlog, fcfs, *held = pipe.execute()
+        waiting = {}
+        if backlog:
+            pipe = client.pipeline(transaction=False)
+            for tenant_id in backlog:
+                pipe.llen(base + "q:" + tenant_id.decode())
+            waiting = {int(t): n for t, n in zip(backlog, pipe.execute(), strict=True) if n}
+        running = {int(t): int(n) for t, n in active.items() if int(n) > 0}
+        pools.append(
+            {
+                "pool": pool,
+                "replicas": [
+                    {
+                        "replica": r,
+                        "in_flight": int(rload.get(str(r.pk).encode(), 0)),
+                        "adapters": [a.decode() for a in adapters],
+                    }
+                    for r, adapters in zip(replicas, held, strict=True)
+                ],
+                "tenants": [
+                    {
+                        "tenant": tenants.get(t),
+                        "running": running.get(t, 0),
+                        "waiting": waiting.get(t, 0),
+                    }
+                    for t in sorted(set(running) | set(waiting))
+                ],
+                "queued": sum(waiting.values()) + int(fcfs),
+            }
+        )
+    return {"pools": pools, "tenants": sorted(tenants.values(), key=lambda t: t.slug)}
+
+
+def playground_models(*, tenant: Tenant) -> list[str]:
+    """What the tenant can call online: visible base models with a dedicated pool, then its
+    ready adapters (``<slug>/<name>``, their newest version)."""
+    from inference.models import Model, Pool
+    from tenants.models import Adapter
+
+    base = (
+        Model.objects.filter(Q(is_public=True) | Q(allowed_tenants=tenant))
+        .filter(pools__kind=Pool.Kind.DEDICATED)
+        .values_list("name", flat=True)
+        .distinct()
+        .order_by("name")
+    )
+    adapters = (
+        Adapter.objects.filter(tenant=tenant, status=Adapter.Status.READY, deleted_at__isnull=True)
+        .values_list("name", flat=True)
+        .distinct()
+        .order_by("name")
+    )
+    return [*base, *(f"{tenant.slug}/{name}" for name in adapters)]

@@ -7,6 +7,8 @@ role may not do are not shown in the first place).
 
 from __future__ import annotations
 
+import csv
+import io
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,17 +18,21 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db import transaction
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from billing.models import Invoice
+from billing.pricing import micros_to_usd
+from billing.selectors import invoice_get, invoice_list
 from dashboard import forms, selectors
 from dashboard.access import page_access, page_user
 from tenants import selectors as tenant_selectors
 from tenants import services
 from tenants.access import Perm, TenantAccess
+from tenants.keys import KEY_TAG
 from tenants.models import Adapter, ApiKey, Invitation, Membership, Role
 
 CHART_DAYS = 30
@@ -464,3 +470,221 @@ def audit(request: HttpRequest, slug: str) -> HttpResponse:
     query.pop("page", None)
     context = _context(request, access, "audit", form=form, page=page, query=query.urlencode())
     return render(request, "dashboard/audit.html", context, status=status)
+
+
+# --- Usage explorer and invoices ----------------------------------------------------------
+
+
+def _usage_selection(request: HttpRequest, access: TenantAccess) -> tuple[Any, dict[str, Any]]:
+    """The explorer's form (defaults: the last 30 days) and the rows it selects."""
+    today = timezone.now().date()
+    data = {"start": (today - timedelta(days=CHART_DAYS - 1)).isoformat(), "end": today.isoformat()}
+    data.update({k: v for k, v in request.GET.items() if v != ""})
+    form = forms.UsageFilterForm(data)
+    if not form.is_valid():
+        return form, {}
+    key_id = form.cleaned_data["key"]
+    if (
+        key_id is not None
+        and not tenant_selectors.api_key_list(tenant=access.tenant).filter(pk=key_id).exists()
+    ):
+        form.add_error("key", "No such key in this tenant.")
+        return form, {}
+    start, end = form.cleaned_data["start"], form.cleaned_data["end"]
+    rows = selectors.usage_rows(
+        tenant=access.tenant,
+        start=start,
+        end=end,
+        model=form.cleaned_data["model"],
+        api_key_id=key_id,
+        mode=form.cleaned_data["mode"],
+    )
+    return form, {"rows": rows, "start": start, "days": (end - start).days + 1}
+
+
+@login_required
+@require_GET
+def usage(request: HttpRequest, slug: str) -> HttpResponse:
+    access = page_access(request, slug, Perm.BILLING_VIEW)
+    form, selection = _usage_selection(request, access)
+    rows = selection.get("rows", [])
+    totals = {
+        name: sum(r[name] for r in rows)
+        for name in ("requests", "errors", "prompt_tokens", "completion_tokens", "cost_micros")
+    }
+    context = _context(
+        request,
+        access,
+        "usage",
+        form=form,
+        rows=rows,
+        totals=totals,
+        spend_usd=totals["cost_micros"] / 1_000_000,
+        chart=selectors.usage_chart(rows, start=selection["start"], days=selection["days"])
+        if selection
+        else None,
+        models=selectors.usage_models(
+            tenant=access.tenant, since=timezone.now().date() - timedelta(days=366)
+        ),
+        keys=tenant_selectors.api_key_list(tenant=access.tenant)[:200],
+        csv_query=request.GET.urlencode(),
+    )
+    return render(request, "dashboard/usage.html", context, status=200 if selection else 400)
+
+
+@login_required
+@require_GET
+def usage_csv(request: HttpRequest, slug: str) -> HttpResponse:
+    """The explorer's selection as CSV: exactly the rows of its table."""
+    access = page_access(request, slug, Perm.BILLING_VIEW)
+    form, selection = _usage_selection(request, access)
+    if not selection:
+        errors = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+        return HttpResponse(errors, status=400, content_type="text/plain; charset=utf-8")
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(
+        [
+            "day", "model", "adapter", "api_key", "mode", "requests", "errors",
+            "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd",
+        ]
+    )  # fmt: skip
+    for r in selection["rows"]:
+        writer.writerow(
+            [
+                r["day"].isoformat(),
+                r["model"],
+                r["adapter"],
+                f"{KEY_TAG}{r['api_key__prefix']}" if r["api_key__prefix"] else "",
+                r["mode"],
+                r["requests"],
+                r["errors"],
+                r["prompt_tokens"],
+                r["completion_tokens"],
+                r["cached_tokens"],
+                micros_to_usd(r["cost_micros"]),
+            ]
+        )
+    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+    name = f"{slug}-usage-{form.cleaned_data['start']}-{form.cleaned_data['end']}.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+@login_required
+@require_GET
+def invoices(request: HttpRequest, slug: str) -> HttpResponse:
+    access = page_access(request, slug, Perm.BILLING_VIEW)
+    context = _context(
+        request, access, "invoices", invoices=invoice_list(tenant=access.tenant)[:120]
+    )
+    return render(request, "dashboard/invoices.html", context)
+
+
+@login_required
+@require_GET
+def invoice(request: HttpRequest, slug: str, invoice_id: int) -> HttpResponse:
+    access = page_access(request, slug, Perm.BILLING_VIEW)
+    try:
+        found = invoice_get(tenant=access.tenant, invoice_id=invoice_id)
+    except Invoice.DoesNotExist:
+        raise Http404("No such invoice.") from None
+    context = _context(request, access, "invoices", invoice=found, lines=found.lines.all())
+    return render(request, "dashboard/invoice.html", context)
+
+
+# --- Limits and budgets ------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def limits(request: HttpRequest, slug: str) -> HttpResponse:
+    """Everyone in the tenant sees its limits and budgets; platform staff change them."""
+    access = page_access(request, slug)
+    tenant = access.tenant
+    form = forms.TenantLimitsForm.for_tenant(tenant)
+    status = 200
+    if request.method == "POST":
+        if not access.can(Perm.PLATFORM):
+            raise PermissionDenied("Only platform staff change a tenant's limits.")
+        form = forms.TenantLimitsForm(request.POST)
+        if form.is_valid():
+            try:
+                with transaction.atomic():
+                    services.tenant_limits_update(
+                        tenant=tenant, actor=page_user(request), limits=form.limits()
+                    )
+                    services.tenant_update(
+                        tenant=tenant,
+                        actor=page_user(request),
+                        weight=form.cleaned_data["weight"],
+                        status=form.cleaned_data["status"],
+                    )
+            except ValidationError as exc:
+                _form_errors(form, exc)
+            else:
+                return redirect("dashboard:limits", slug=slug)
+        status = 400
+    rows = [(form.fields[name].label, getattr(tenant, name)) for name in form.LIMITS]
+    budget = tenant.monthly_spend_budget_micros
+    context = _context(
+        request,
+        access,
+        "limits",
+        form=form,
+        rows=rows,
+        spend_budget_usd=budget / 1_000_000 if budget is not None else None,
+    )
+    return render(request, "dashboard/limits.html", context, status=status)
+
+
+# --- Operator ------------------------------------------------------------------------------
+
+
+def _staff(request: HttpRequest) -> None:
+    if not page_user(request).is_staff:
+        raise Http404("No such page.")  # not even its existence, for tenant users
+
+
+@login_required
+@require_GET
+def ops(request: HttpRequest) -> HttpResponse:
+    """Platform staff: pools, replicas and queues (the table refreshes itself every 2 s)."""
+    _staff(request)
+    context = {"section": "ops", **selectors.ops_snapshot()}
+    template = "dashboard/_ops.html" if request.GET.get("fragment") else "dashboard/ops.html"
+    return render(request, template, context)
+
+
+# --- Playground ----------------------------------------------------------------------------
+
+PLAYGROUND_KEY_HOURS = 12
+
+
+@login_required
+@require_GET
+def playground(request: HttpRequest, slug: str) -> HttpResponse:
+    access = page_access(request, slug)
+    context = _context(
+        request, access, "playground", models=selectors.playground_models(tenant=access.tenant)
+    )
+    return render(request, "dashboard/playground.html", context)
+
+
+@login_required
+@require_POST
+def playground_key(request: HttpRequest, slug: str) -> HttpResponse:
+    """A short-lived inference key for this browser tab's playground: its requests are
+    limited, metered and billed like any other (the key shows in the key list)."""
+    access = page_access(request, slug, Perm.KEYS_CREATE)
+    user = page_user(request)
+    issued = services.api_key_create(
+        tenant=access.tenant,
+        name=f"playground · {user.get_username()}"[:100],
+        scopes=[ApiKey.Scope.INFERENCE],
+        created_by=user,
+        expires_at=timezone.now() + timedelta(hours=PLAYGROUND_KEY_HOURS),
+    )
+    response = JsonResponse({"key": issued.secret, "prefix": issued.api_key.display_prefix})
+    response["Cache-Control"] = "no-store"
+    return response

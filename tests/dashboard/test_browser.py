@@ -267,3 +267,130 @@ def test_an_owner_invites_and_the_invitee_signs_up_through_the_link(
     page.reload()
     expect(page.locator("tr[data-member='newcomer']")).to_be_visible()
     shot(page, "members")
+
+
+def test_the_usage_csv_downloads_and_matches_the_table(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    import csv
+    import io
+
+    from billing.invoicing import invoice_compute
+
+    key = api_key_create(tenant=people.tenant, name="k", created_by=people.owner).api_key
+    now = datetime.now(UTC)
+    usage_records_insert(
+        [
+            {
+                "request_id": f"u{i}",
+                "tenant_id": people.tenant.pk,
+                "api_key_id": key.pk,
+                "model": model,
+                "endpoint": "chat.completions",
+                "mode": mode,
+                "status": "ok",
+                "prompt_tokens": 500 + i,
+                "completion_tokens": 50,
+                "cost_micros": 123_456 * (i + 1),
+                "started_at": (now - timedelta(days=i % 2)).isoformat(),
+                "finished_at": (now - timedelta(days=i % 2)).isoformat(),
+            }
+            for i, (model, mode) in enumerate(
+                [("tiny-chat", "online"), ("tiny-chat", "batch"), ("big-chat", "online")]
+            )
+        ]
+    )
+    for day in {now.date(), (now - timedelta(days=1)).date()}:
+        daily_usage_refresh(tenant_id=people.tenant.pk, day=day)
+    log_in(page, dash_stack, people.finance)
+    page.get_by_role("link", name="Usage").click()
+    expect(page.locator("#usage-chart")).to_have_attribute("data-points", "4")
+    table = [
+        [cell.strip() for cell in row.locator("td").all_inner_texts()]
+        for row in page.locator("#usage-rows tbody tr").all()
+    ]
+    shot(page, "usage")
+    with page.expect_download() as download:
+        page.get_by_role("link", name="Download CSV").click()
+    path = download.value.path()
+    rows = list(csv.reader(io.StringIO(Path(path).read_text())))
+    assert rows[0][:5] == ["day", "model", "adapter", "api_key", "mode"]
+    assert len(rows) - 1 == len(table) == 3
+    for csv_row, table_row in zip(rows[1:], table, strict=True):
+        assert csv_row == table_row
+
+    invoice = invoice_compute(tenant=people.tenant, period_start=now.date().replace(day=1))
+    page.get_by_role("link", name="Invoices").click()
+    page.get_by_role("link", name=now.strftime("%B %Y")).click()
+    expect(page.locator("[data-invoice-total]")).to_contain_text(f"{invoice.total_cents // 100}")
+    shot(page, "invoice")
+
+
+@pytest.mark.engine
+def test_the_operator_page_shows_a_request_running_live(
+    page: Page, dash_stack: Stack, people: TenantPeople, engine: Any
+) -> None:
+    import threading
+
+    from tests.serving import world_rows
+
+    world_rows([engine])
+    key = api_key_create(tenant=people.tenant, name="k", created_by=people.owner).secret
+    log_in(page, dash_stack, people.staff)
+    page.goto(f"{dash_stack.url}/app/ops/")
+    replica = page.locator(f"tr[data-replica='{engine.url}']")
+    expect(replica).to_contain_text("ready")
+    expect(replica.locator("[data-in-flight]")).to_have_text("0 / 8")
+
+    def stream() -> None:
+        with httpx.stream(
+            "POST",
+            f"{dash_stack.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={
+                "model": "tiny-chat",
+                "messages": [{"role": "user", "content": "Tell me a long story."}],
+                "max_tokens": 1000,
+                "ignore_eos": True,
+                "n": 4,
+                "stream": True,
+            },
+            timeout=120,
+        ) as response:
+            for _ in response.iter_lines():
+                pass
+
+    runner = threading.Thread(target=stream)
+    runner.start()
+    # No reload: the table refreshes itself while the request runs, and after it ends.
+    expect(replica.locator("[data-in-flight]")).to_have_text("1 / 8", timeout=20_000)
+    expect(page.locator("tr[data-tenant='acme'] [data-running]")).to_have_text("1")
+    shot(page, "operator")
+    runner.join(timeout=120)
+    expect(replica.locator("[data-in-flight]")).to_have_text("0 / 8", timeout=20_000)
+
+
+@pytest.mark.engine
+def test_the_playground_streams_from_the_real_engine(
+    page: Page, dash_stack: Stack, people: TenantPeople, engine: Any
+) -> None:
+    from billing.models import UsageRecord
+    from tests.serving import world_rows
+
+    world_rows([engine])
+    log_in(page, dash_stack, people.developer)
+    page.get_by_role("link", name="Playground").click()
+    page.get_by_label("Model").select_option("tiny-chat")
+    page.get_by_label("max_tokens").fill("48")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("[data-tps]")).not_to_have_text("—", timeout=30_000)
+    assert page.locator("[data-answer]").inner_text().strip()
+    assert page.locator("[data-ttft]").inner_text().endswith(" ms")
+    shown = page.locator("[data-tokens]").inner_text()  # "<in> in / <out> out"
+    out = int(shown.split("/")[1].split()[0])
+    assert 0 < out <= 48
+    shot(page, "playground")
+    # Metered like any request, under the tab's playground key.
+    record = wait_for(lambda: UsageRecord.objects.filter(tenant=people.tenant).first())
+    assert record.completion_tokens == out and record.api_key is not None
+    assert record.api_key.name == "playground · developer"

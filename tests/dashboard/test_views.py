@@ -3,6 +3,8 @@ form errors, and an API key's secret is shown once."""
 
 from __future__ import annotations
 
+import csv
+import io
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -344,3 +346,211 @@ def test_the_audit_log_shows_who_did_what_filtered(people: TenantPeople) -> None
     for persona in ("developer", "finance", "viewer"):
         assert browser(people.user(persona)).get("/app/t/acme/audit/").status_code == 403
     assert browser(people.outsider).get("/app/t/acme/audit/").status_code == 404
+
+
+# --- Usage explorer and invoices -----------------------------------------------------------
+
+
+def _usage_days(people: TenantPeople) -> tuple[ApiKey, ApiKey]:
+    """Two keys; usage on two days, two models, both modes; another tenant's usage too."""
+    first = api_key_create(tenant=people.tenant, name="first", created_by=people.owner).api_key
+    second = api_key_create(tenant=people.tenant, name="second", created_by=people.owner).api_key
+    today = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
+    yesterday = today - timedelta(days=1)
+
+    def record(
+        key: ApiKey | None, model: str, mode: str, when: datetime, cost: int
+    ) -> dict[str, Any]:
+        return {
+            "request_id": f"{model}-{mode}-{when:%j}-{key.pk if key else 0}-{cost}",
+            "tenant_id": key.tenant_id if key else people.other_tenant.pk,
+            "api_key_id": key.pk if key else None,
+            "model": model,
+            "endpoint": "chat.completions",
+            "mode": mode,
+            "status": "ok",
+            "prompt_tokens": 100,
+            "completion_tokens": 10,
+            "cost_micros": cost,
+            "started_at": when.isoformat(),
+            "finished_at": when.isoformat(),
+        }
+
+    usage_records_insert(
+        [
+            record(first, "tiny-chat", "online", yesterday, 1_000_000),
+            record(first, "tiny-chat", "batch", today, 500_000),
+            record(second, "other-model", "online", today, 2_000_000),
+            record(None, "tiny-chat", "online", today, 9_000_000),  # another tenant's
+        ]
+    )
+    for tenant in (people.tenant, people.other_tenant):
+        for day in (today.date(), yesterday.date()):
+            daily_usage_refresh(tenant_id=tenant.pk, day=day)
+    return first, second
+
+
+def _csv_rows(response: Any) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(response.content.decode())))
+
+
+def test_the_usage_explorer_filters_and_its_csv_is_the_same_selection(
+    people: TenantPeople,
+) -> None:
+    first, second = _usage_days(people)
+    client = browser(people.finance)
+    page = client.get("/app/t/acme/usage/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'data-total="requests">3<' in body and 'data-total="spend">$3.50<' in body
+    rows = _csv_rows(client.get("/app/t/acme/usage.csv"))
+    assert len(rows) == 3 and sum(float(r["cost_usd"]) for r in rows) == 3.5
+    assert {r["api_key"] for r in rows} == {f"sk-ip-{first.prefix}", f"sk-ip-{second.prefix}"}
+
+    only = f"?model=tiny-chat&key={first.pk}&mode=batch"
+    filtered = client.get(f"/app/t/acme/usage/{only}").content.decode()
+    assert 'data-total="requests">1<' in filtered
+    [row] = _csv_rows(client.get(f"/app/t/acme/usage.csv{only}"))
+    assert (row["model"], row["mode"], row["cost_usd"]) == ("tiny-chat", "batch", "0.500000")
+    assert "0.500000" in filtered  # the table shows the CSV's row
+
+    today = datetime.now(UTC).date()
+    one_day = client.get(f"/app/t/acme/usage.csv?start={today}&end={today}")
+    assert len(_csv_rows(one_day)) == 2
+    assert one_day["Content-Disposition"].startswith('attachment; filename="acme-usage-')
+
+
+def test_bad_usage_filters_get_form_errors_not_500s(people: TenantPeople) -> None:
+    _, _ = _usage_days(people)
+    client = browser(people.owner)
+    other_key = api_key_create(tenant=people.other_tenant, name="theirs", created_by=None).api_key
+    for query, message in (
+        ("start=2026-11-10&end=2026-11-01", b"on or after the start"),
+        ("start=2020-01-01&end=2026-11-01", b"at most 366 days"),
+        ("start=yesterday", b"Enter a valid date"),
+        (f"key={other_key.pk}", b"No such key in this tenant"),  # no peeking at other tenants
+        ("mode=spot", b"Select a valid choice"),
+    ):
+        page = client.get(f"/app/t/acme/usage/?{query}")
+        assert page.status_code == 400 and message in page.content, query
+        assert client.get(f"/app/t/acme/usage.csv?{query}").status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("persona", "status"), [("developer", 403), ("viewer", 403), ("outsider", 404)]
+)
+def test_usage_and_invoices_are_for_billing_roles(
+    people: TenantPeople, persona: str, status: int
+) -> None:
+    client = browser(people.user(persona))
+    for url in ("usage/", "usage.csv", "invoices/", "invoices/1/"):
+        assert client.get(f"/app/t/acme/{url}").status_code == status, url
+    if status == 403:
+        assert b"Invoices" not in client.get("/app/t/acme/").content  # no link either
+
+
+def test_invoices_list_and_detail_with_lines(people: TenantPeople) -> None:
+    from billing.invoicing import invoice_compute
+
+    _usage_days(people)
+    month = datetime.now(UTC).date().replace(day=1)
+    invoice = invoice_compute(tenant=people.tenant, period_start=month)
+    theirs = invoice_compute(tenant=people.other_tenant, period_start=month)
+    client = browser(people.finance)
+    listing = client.get("/app/t/acme/invoices/").content.decode()
+    assert (
+        f'data-invoice="{invoice.pk}"' in listing and f'data-invoice="{theirs.pk}"' not in listing
+    )
+    assert "draft" in listing
+    detail = client.get(f"/app/t/acme/invoices/{invoice.pk}/").content.decode()
+    assert (
+        f"data-invoice-total>${invoice.total_cents // 100:,}.{invoice.total_cents % 100:02d} USD<"
+        in detail
+    )
+    assert "other-model (online)" in detail and "tiny-chat (batch)" in detail
+    assert f"/api/tenants/acme/invoices/{invoice.pk}/lines.csv" in detail
+    assert client.get(f"/app/t/acme/invoices/{theirs.pk}/").status_code == 404
+
+
+def test_limits_are_shown_to_members_and_changed_by_staff_only(people: TenantPeople) -> None:
+    viewer = browser(people.viewer)
+    page = viewer.get("/app/t/acme/limits/").content.decode()
+    assert "Requests per minute" in page and "Change (platform staff)" not in page
+    change = {
+        "rpm": "120",
+        "tpm": "",
+        "max_concurrency": "8",
+        "max_tokens_per_request": "",
+        "monthly_token_budget": "",
+        "monthly_spend_budget_usd": "250.50",
+        "weight": "3",
+        "status": "active",
+    }
+    for persona in ("owner", "admin"):  # tenant roles do not set their own limits
+        assert browser(people.user(persona)).post("/app/t/acme/limits/", change).status_code == 403
+    assert browser(people.outsider).post("/app/t/acme/limits/", change).status_code == 404
+
+    staff = browser(people.staff)
+    assert "Change (platform staff)" in staff.get("/app/t/acme/limits/").content.decode()
+    assert staff.post("/app/t/acme/limits/", change).status_code == 302
+    people.tenant.refresh_from_db()
+    assert (people.tenant.rpm, people.tenant.tpm, people.tenant.max_concurrency) == (120, None, 8)
+    assert people.tenant.monthly_spend_budget_micros == 250_500_000
+    assert people.tenant.weight == 3
+    assert "$250.50" in viewer.get("/app/t/acme/limits/").content.decode()
+
+    bad = staff.post("/app/t/acme/limits/", {**change, "rpm": "-5", "weight": "0"})
+    assert bad.status_code == 400 and b"greater than or equal to 1" in bad.content
+    people.tenant.refresh_from_db()
+    assert people.tenant.rpm == 120  # nothing changed
+
+    suspend = staff.post("/app/t/acme/limits/", {**change, "status": "suspended"})
+    assert suspend.status_code == 302
+    people.tenant.refresh_from_db()
+    assert not people.tenant.is_active
+    assert b"suspended" in viewer.get("/app/t/acme/").content
+
+
+def test_the_operator_page_is_for_platform_staff_only(people: TenantPeople) -> None:
+    from inference.services import model_ensure, pool_ensure
+
+    model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
+    pool_ensure(name="online", kind="dedicated", model=model, replica_urls=["http://gpu-a:8000"])
+    for persona in ("owner", "admin", "outsider"):
+        assert browser(people.user(persona)).get("/app/ops/").status_code == 404
+        assert b"Operator" not in browser(people.user(persona)).get("/app/").content
+    page = browser(people.staff).get("/app/ops/").content.decode()
+    assert 'data-pool="online"' in page and 'data-replica="http://gpu-a:8000"' in page
+    assert "down" in page  # never probed
+    assert "acme" in page and "globex" in page  # every tenant, with its limits link
+    fragment = browser(people.staff).get("/app/ops/?fragment=1").content.decode()
+    assert fragment.startswith('<div id="ops-live"') and "<html" not in fragment
+
+
+def test_the_playground_key_is_short_lived_and_needs_key_rights(people: TenantPeople) -> None:
+    from inference.services import model_ensure, pool_ensure
+
+    model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
+    pool_ensure(name="online", kind="dedicated", model=model, replica_urls=["http://gpu-a:8000"])
+    Adapter.objects.create(
+        tenant=people.tenant, name="bot", version=1, status="ready", base_model=model
+    )
+    Adapter.objects.create(
+        tenant=people.other_tenant, name="theirs", version=1, status="ready", base_model=model
+    )
+    page = browser(people.viewer).get("/app/t/acme/playground/").content.decode()
+    assert "cannot create API keys" in page
+    developer = browser(people.developer)
+    page = developer.get("/app/t/acme/playground/").content.decode()
+    assert '<option value="tiny-chat">' in page and '<option value="acme/bot">' in page
+    assert "theirs" not in page
+    answer = developer.post("/app/t/acme/playground/key/")
+    assert answer.status_code == 200 and answer["Cache-Control"] == "no-store"
+    key = ApiKey.objects.get(tenant=people.tenant)
+    assert answer.json()["key"].startswith(f"sk-ip-{key.prefix}")
+    assert key.scopes == ["inference"] and key.name == "playground · developer"
+    assert key.expires_at is not None
+    assert timedelta(hours=11) < key.expires_at - timezone.now() < timedelta(hours=13)
+    assert browser(people.viewer).post("/app/t/acme/playground/key/").status_code == 403
+    assert browser(people.outsider).post("/app/t/acme/playground/key/").status_code == 404
+    assert ApiKey.objects.count() == 1
