@@ -479,7 +479,7 @@ def _usage_selection(request: HttpRequest, access: TenantAccess) -> tuple[Any, d
     """The explorer's form (defaults: the last 30 days) and the rows it selects."""
     today = timezone.now().date()
     data = {"start": (today - timedelta(days=CHART_DAYS - 1)).isoformat(), "end": today.isoformat()}
-    data.update({k: v for k, v in request.GET.items() if v != ""})
+    data.update({k: str(v) for k, v in request.GET.items() if v != ""})
     form = forms.UsageFilterForm(data)
     if not form.is_valid():
         return form, {}

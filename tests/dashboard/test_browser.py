@@ -304,7 +304,8 @@ def test_the_usage_csv_downloads_and_matches_the_table(
         daily_usage_refresh(tenant_id=people.tenant.pk, day=day)
     log_in(page, dash_stack, people.finance)
     page.get_by_role("link", name="Usage").click()
-    expect(page.locator("#usage-chart")).to_have_attribute("data-points", "4")
+    # tiny-chat on 2 days + big-chat on 1 + spend on 2 days
+    expect(page.locator("#usage-chart")).to_have_attribute("data-points", "5")
     table = [
         [cell.strip() for cell in row.locator("td").all_inner_texts()]
         for row in page.locator("#usage-rows tbody tr").all()
