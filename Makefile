@@ -28,7 +28,7 @@ help:
 	@echo "make run    - set up and run the platform (web :8000, engines :8101/:8102, worker, beat)"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make setup  - only build the virtualenvs and the tiny model"
-	@echo "make bench  - run the benchmarks (overhead, fairness, ledger, LoRA); see bench/RESULTS.md"
+	@echo "make bench  - run the benchmarks (overhead, fairness, ledger, LoRA, dashboard); see bench/RESULTS.md"
 	@echo "make clean  - remove .venv and var/ (the engine cache in $(CACHE) is kept)"
 
 # --- set-up (each step is skipped when already done) -------------------------------------
@@ -103,6 +103,7 @@ bench: setup
 	$(PY) -m bench.fairness
 	$(PY) -m bench.ledger
 	$(PY) -m bench.lora
+	$(PY) -m bench.dashboard
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

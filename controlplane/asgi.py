@@ -11,14 +11,23 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django_asgi_app = get_asgi_application()
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.urls import re_path  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
 
+from dashboard.consumers import OpsConsumer  # noqa: E402
 from inference.api.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
+
+# The dashboard's sockets ride on the Django session, so they check the Origin (a page on
+# another site must not open one with the user's cookie); /v1/ws authenticates by API key.
+dashboard_websockets = [
+    path("app/ws/ops", AllowedHostsOriginValidator(AuthMiddlewareStack(OpsConsumer.as_asgi())))
+]
 
 application = ProtocolTypeRouter(
     {
         "http": URLRouter([*http_urlpatterns, re_path(r"", django_asgi_app)]),  # type: ignore[arg-type]
-        "websocket": URLRouter(websocket_urlpatterns),
+        "websocket": URLRouter([*websocket_urlpatterns, *dashboard_websockets]),
     }
 )

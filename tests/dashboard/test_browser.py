@@ -395,3 +395,40 @@ def test_the_playground_streams_from_the_real_engine(
     record = wait_for(lambda: UsageRecord.objects.filter(tenant=people.tenant).first())
     assert record.completion_tokens == out and record.api_key is not None
     assert record.api_key.name == "playground · developer"
+
+
+def test_the_live_operator_table_is_pushed_to_staff_only(
+    dash_stack: Stack, people: TenantPeople
+) -> None:
+    """Over Channels: staff get the table; a tenant owner, or another site's page using the
+    staff member's cookie, are refused."""
+    from django.test import Client
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+    from websockets.sync.client import connect
+
+    from inference.services import model_ensure, pool_ensure
+
+    model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
+    pool_ensure(name="online", kind="dedicated", model=model, replica_urls=["http://gpu-a:8000"])
+
+    def cookie(user: User) -> str:
+        client = Client()
+        client.force_login(user)
+        return f"sessionid={client.cookies['sessionid'].value}"
+
+    url = dash_stack.url.replace("http://", "ws://") + "/app/ws/ops"
+    own = dash_stack.url
+    with connect(url, additional_headers={"cookie": cookie(people.staff), "origin": own}) as ws:
+        html = str(ws.recv(timeout=10))
+    assert html.startswith('<div id="ops-live"') and 'data-replica="http://gpu-a:8000"' in html
+
+    for user, origin in ((people.owner, own), (people.staff, "https://evil.example")):
+        headers = {"cookie": cookie(user), "origin": origin}
+        try:
+            with connect(url, additional_headers=headers, open_timeout=10) as ws:
+                ws.recv(timeout=5)
+            raise AssertionError(f"{user} from {origin} got the operator table")
+        except InvalidStatus as refused:
+            assert refused.response.status_code == 403
+        except ConnectionClosed as closed:
+            assert closed.rcvd is not None and closed.rcvd.code == 4403

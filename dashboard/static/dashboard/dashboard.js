@@ -98,3 +98,26 @@ if (usage && window.Chart) {
   document.getElementById("usage-chart").dataset.points = String(
     chart.data.datasets.reduce((n, d) => n + d.data.filter((v) => v > 0).length, 0));
 }
+
+// The operator page's live table: pushed over a WebSocket (Channels) whenever it changes;
+// if the socket cannot be had, the same fragment is fetched every 2 s instead.
+const live = document.getElementById("ops-live");
+if (live) {
+  const swap = (html) => {
+    const current = document.getElementById("ops-live");
+    if (current) current.outerHTML = html;
+  };
+  const poll = () => setInterval(async () => {
+    const response = await fetch(live.dataset.fallback, { credentials: "same-origin" });
+    if (response.ok) swap(await response.text());
+  }, 2000);
+  try {
+    const socket = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${live.dataset.live}`);
+    let opened = false;
+    socket.onopen = () => { opened = true; };
+    socket.onmessage = (event) => swap(event.data);
+    socket.onclose = () => { if (!opened) poll(); else setTimeout(() => location.reload(), 5000); };
+  } catch (e) {
+    poll();
+  }
+}
