@@ -3,7 +3,7 @@ page costs the same whether the tenant made a thousand requests this month or te
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.db.models import Q, QuerySet, Sum
@@ -192,3 +192,42 @@ def playground_models(*, tenant: Tenant) -> list[str]:
         .order_by("name")
     )
     return [*base, *(f"{tenant.slug}/{name}" for name in adapters)]
+
+
+REJECTION_REASONS = {
+    "requests": "requests per minute",
+    "tokens": "tokens per minute",
+    "concurrency": "requests in flight",
+    "too_large": "request larger than the tokens-per-minute limit",
+    "budget": "monthly token budget",
+    "spend": "monthly spend budget",
+}
+
+
+def rejections(*, tenant: Tenant, today: date, limit: int = 10) -> dict[str, Any]:
+    """The tenant's 429s: this month's count and the latest ones (from Redis, where the
+    gateway notes each; nothing is noted for requests that pass)."""
+    import orjson
+    from redis.exceptions import RedisError
+
+    from controlplane.redis import redis_sync
+    from inference.api.limits import rejection_counts_key, rejections_key
+
+    try:
+        pipe = redis_sync().pipeline(transaction=False)
+        pipe.hgetall(rejection_counts_key(tenant.pk, today.strftime("%Y%m")))
+        pipe.lrange(rejections_key(tenant.pk), 0, limit - 1)
+        counts, latest = pipe.execute()
+    except RedisError:
+        return {"month": None, "latest": []}
+    notes = []
+    for raw in latest:
+        note = orjson.loads(raw)
+        notes.append(
+            {
+                "at": datetime.fromtimestamp(note["at"], tz=UTC),
+                "key": f"sk-ip-{note['key']}…",
+                "reason": REJECTION_REASONS.get(note["reason"], note["reason"]),
+            }
+        )
+    return {"month": sum(int(n) for n in counts.values()), "latest": notes}

@@ -96,6 +96,7 @@ def overview(request: HttpRequest, slug: str) -> HttpResponse:
             tenant=tenant, start=today - timedelta(days=CHART_DAYS - 1), days=CHART_DAYS
         ),
         problems=selectors.recent_problems(tenant=tenant),
+        rejections=selectors.rejections(tenant=tenant, today=today),
     )
     return render(request, "dashboard/overview.html", context)
 

@@ -12,19 +12,25 @@ turns into an audit event.
 from __future__ import annotations
 
 import calendar
+import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.db.models import F, Sum
 from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError
 
 from inference.api.auth import KeyInfo
 from inference.api.errors import ApiError, overloaded
 from inference.api.lua import run_into, script
 from inference.api.redis import redis_async
+
+log = logging.getLogger(__name__)
 
 LEASE_MS = 20_000
 LAST_USED = "ip:key_last_used"
@@ -267,6 +273,34 @@ def _month_used_from_db(key: KeyInfo, per_key: bool, month: str, spend: bool) ->
         close_old_connections()
 
 
+REJECTIONS_KEPT = 50
+
+
+def rejections_key(tenant_id: int) -> str:
+    """A tenant's latest refusals (JSON, newest first), for its dashboard."""
+    return f"ip:rejections:{{t:{tenant_id}}}"
+
+
+def rejection_counts_key(tenant_id: int, month: str) -> str:
+    """A tenant's refusals this month by reason (hash)."""
+    return f"ip:rejections:{{t:{tenant_id}}}:{month}"
+
+
+async def _note_rejection(key: KeyInfo, reason: str, month: str) -> None:
+    """Remember a 429 for the tenant's dashboard (only refused requests pay for this)."""
+    note = orjson.dumps({"at": int(time.time()), "key": key.prefix, "reason": reason})
+    pipe = redis_async().pipeline(transaction=False)
+    pipe.lpush(rejections_key(key.tenant_id), note)
+    pipe.ltrim(rejections_key(key.tenant_id), 0, REJECTIONS_KEPT - 1)
+    pipe.expire(rejections_key(key.tenant_id), 40 * 86400)
+    pipe.hincrby(rejection_counts_key(key.tenant_id, month), reason, 1)
+    pipe.expire(rejection_counts_key(key.tenant_id, month), 40 * 86400)
+    try:
+        await pipe.execute()
+    except RedisError:
+        log.warning("could not note a rejection for tenant %s", key.tenant_id)
+
+
 async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
     """Take one request and ``estimate`` tokens from every limit, or raise a 429."""
     month = _month()
@@ -317,6 +351,7 @@ async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
             month=month,
             conc_keys=tuple(c for c, lim in ((t["conc"], tl[2]), (k["conc"], kl[2])) if lim),
         )
+    await _note_rejection(key, reason, month)
     retry_ms = int(result[2])
     retry_after = max(1, -(-retry_ms // 1000))
     extra = {h.decode(): v.decode() for h, v in headers}

@@ -432,3 +432,31 @@ def test_the_live_operator_table_is_pushed_to_staff_only(
             assert refused.response.status_code == 403
         except ConnectionClosed as closed:
             assert closed.rcvd is not None and closed.rcvd.code == 4403
+
+
+@pytest.mark.engine
+def test_the_overview_shows_requests_refused_for_a_limit(
+    page: Page, dash_stack: Stack, people: TenantPeople, engine: Any
+) -> None:
+    from tenants.services import tenant_limits_update
+    from tests.serving import world_rows
+
+    world_rows([engine])
+    tenant_limits_update(tenant=people.tenant, actor=None, limits={"rpm": 1})
+    key = api_key_create(tenant=people.tenant, name="k", created_by=people.owner)
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    headers = {"authorization": f"Bearer {key.secret}"}
+
+    def send() -> int:
+        return httpx.post(
+            f"{dash_stack.url}/v1/chat/completions", json=body, headers=headers, timeout=60
+        ).status_code
+
+    assert send() == 200
+    assert send() == 429  # one request per minute
+    log_in(page, dash_stack, people.owner)
+    expect(page.locator("[data-metric=rejected]")).to_have_text("1")
+    row = page.locator("#rejections tbody tr").first
+    expect(row).to_contain_text(key.api_key.display_prefix.rstrip("…"))
+    expect(row).to_contain_text("requests per minute")
+    shot(page, "overview-429")
