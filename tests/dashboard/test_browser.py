@@ -256,6 +256,7 @@ def test_an_owner_invites_and_the_invitee_signs_up_through_the_link(
     invitee = chromium.new_context().new_page()
     invitee.goto(link)
     expect(invitee.get_by_role("heading", level=1)).to_contain_text("Join Acme")
+    shot(invitee, "join")
     invitee.get_by_label("Username").fill("newcomer")
     invitee.get_by_label("Password", exact=True).fill("a long enough pass phrase")
     invitee.get_by_label("Password confirmation").fill("a long enough pass phrase")
@@ -322,6 +323,7 @@ def test_the_usage_csv_downloads_and_matches_the_table(
 
     invoice = invoice_compute(tenant=people.tenant, period_start=now.date().replace(day=1))
     page.get_by_role("link", name="Invoices").click()
+    shot(page, "invoices")
     page.get_by_role("link", name=now.strftime("%B %Y")).click()
     expect(page.locator("[data-invoice-total]")).to_contain_text(f"{invoice.total_cents // 100}")
     shot(page, "invoice")
@@ -460,3 +462,20 @@ def test_the_overview_shows_requests_refused_for_a_limit(
     expect(row).to_contain_text(key.api_key.display_prefix.rstrip("…"))
     expect(row).to_contain_text("requests per minute")
     shot(page, "overview-429")
+
+
+def test_staff_change_limits_and_the_audit_log_shows_it(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    log_in(page, dash_stack, people.staff)
+    page.goto(f"{dash_stack.url}/app/t/acme/limits/")
+    page.get_by_label("Requests per minute").fill("600")
+    page.get_by_label("Fair-share weight").fill("2")
+    page.get_by_role("button", name="Save").click()
+    expect(page.locator("#limits")).to_contain_text("600")
+    expect(page.locator("[data-weight]")).to_have_text("2")
+    shot(page, "limits")
+    page.get_by_role("link", name="Audit log").click()
+    expect(page.locator("tr[data-action='tenant.limits']")).to_contain_text("operator")
+    expect(page.locator("tr[data-action='tenant.update']")).to_be_visible()
+    shot(page, "audit")
