@@ -25,6 +25,21 @@ def usage_records_for_export(
     )
 
 
+def rollup_sums() -> dict[str, Sum]:
+    """The sums every read of ``DailyUsage`` reports, by the names it reports them under."""
+    return {
+        name: Sum(name)
+        for name in (
+            "requests",
+            "errors",
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "cost_micros",
+        )
+    }
+
+
 def daily_usage_buckets(
     *,
     tenant: Tenant | None,
@@ -43,15 +58,7 @@ def daily_usage_buckets(
         rows = rows.filter(tenant=tenant)
     sums = (
         rows.values("day", *columns)
-        .annotate(
-            requests=Sum("requests"),
-            errors=Sum("errors"),
-            prompt_tokens=Sum("prompt_tokens"),
-            completion_tokens=Sum("completion_tokens"),
-            cached_tokens=Sum("cached_tokens"),
-            cost_micros=Sum("cost_micros"),
-            unpriced=Sum("unpriced"),
-        )
+        .annotate(**rollup_sums(), unpriced=Sum("unpriced"))
         .order_by("day", *columns)
     )
     by_day: dict[date, list[dict[str, Any]]] = {}

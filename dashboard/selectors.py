@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import Q, QuerySet, Sum
 
 from billing.models import DailyUsage, UsageRecord
-from billing.selectors import daily_usage_buckets
+from billing.selectors import rollup_sums
 from tenants.models import Tenant
 
 
@@ -30,20 +30,9 @@ def month_summary(*, tenant: Tenant, today: date) -> dict[str, int]:
 
 
 def daily_chart(*, tenant: Tenant, start: date, days: int) -> dict[str, Any]:
-    """Tokens and spend per day and model, shaped for the chart (one dataset per model)."""
-    buckets = daily_usage_buckets(tenant=tenant, start=start, days=days, group_by=["model"])
-    models = sorted({row["model"] for _, rows in buckets for row in rows})
-    tokens = {m: [0] * days for m in models}
-    spend = [0.0] * days
-    for i, (_, rows) in enumerate(buckets):
-        for row in rows:
-            tokens[row["model"]][i] += row["prompt_tokens"] + row["completion_tokens"]
-            spend[i] += (row["cost_micros"] or 0) / 1_000_000
-    return {
-        "labels": [(start + timedelta(days=i)).isoformat() for i in range(days)],
-        "tokens": [{"model": m, "data": tokens[m]} for m in models],
-        "spend": [round(v, 6) for v in spend],
-    }
+    """Tokens per model and spend, per day, for the overview's chart."""
+    rows = usage_rows(tenant=tenant, start=start, end=start + timedelta(days=days - 1))
+    return usage_chart(rows, start=start, days=days)
 
 
 def recent_problems(*, tenant: Tenant, limit: int = 10) -> QuerySet[UsageRecord]:
@@ -78,18 +67,7 @@ def usage_rows(
         rows = rows.filter(api_key_id=api_key_id)
     if mode:
         rows = rows.filter(mode=mode)
-    return list(
-        rows.values(*USAGE_COLUMNS)
-        .annotate(
-            requests=Sum("requests"),
-            errors=Sum("errors"),
-            prompt_tokens=Sum("prompt_tokens"),
-            completion_tokens=Sum("completion_tokens"),
-            cached_tokens=Sum("cached_tokens"),
-            cost_micros=Sum("cost_micros"),
-        )
-        .order_by(*USAGE_COLUMNS)
-    )
+    return list(rows.values(*USAGE_COLUMNS).annotate(**rollup_sums()).order_by(*USAGE_COLUMNS))
 
 
 def usage_chart(rows: list[dict[str, Any]], *, start: date, days: int) -> dict[str, Any]:
