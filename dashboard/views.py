@@ -38,6 +38,11 @@ from tenants.models import Adapter, ApiKey, Invitation, Membership, Role
 CHART_DAYS = 30
 
 
+def _can(access: TenantAccess) -> dict[str, bool]:
+    """What the templates may offer: ``can.keys_create``, ``can.billing_view``, ..."""
+    return {perm.name.lower(): access.can(perm) for perm in Perm}
+
+
 def _context(
     request: HttpRequest, access: TenantAccess, section: str, **extra: Any
 ) -> dict[str, Any]:
@@ -46,7 +51,7 @@ def _context(
         "tenant": access.tenant,
         "access": access,
         "role": access.role or ("staff" if access.is_staff else ""),
-        "can": {perm.name.lower(): access.can(perm) for perm in Perm},
+        "can": _can(access),
         "section": section,
         "tenants": tenant_selectors.tenant_list_for_user(user=page_user(request)).order_by("slug")[
             :50
@@ -264,7 +269,7 @@ def adapters(request: HttpRequest, slug: str) -> HttpResponse:
 def adapter_rows(request: HttpRequest, slug: str) -> HttpResponse:
     """The adapter table alone: polled while a version is validating."""
     access = page_access(request, slug)
-    context = {"tenant": access.tenant, "can": _context(request, access, "")["can"]}
+    context = {"tenant": access.tenant, "can": _can(access)}
     return render(request, "dashboard/_adapter_rows.html", {**context, **_adapter_rows(access)})
 
 

@@ -14,7 +14,12 @@ from django.conf import settings
 from django.core.management import call_command
 
 from billing.models import UsageRecord
-from billing.services import USAGE_SPOOL, usage_records_insert, usage_spool_flush
+from billing.services import (
+    USAGE_SPOOL,
+    daily_usage_refresh,
+    usage_records_insert,
+    usage_spool_flush,
+)
 from controlplane.redis import redis_sync
 from tenants.models import Tenant
 from tenants.services import api_key_create
@@ -46,6 +51,17 @@ def _record(tenant: Tenant, **overrides: Any) -> dict[str, Any]:
         "finished_at": (now + timedelta(milliseconds=40)).isoformat(),
         **overrides,
     }
+
+
+def insert_with_rollups(records: list[dict[str, Any]]) -> None:
+    """Records into the ledger, and the daily rollups of every (tenant, day) they touch."""
+    usage_records_insert(records)
+    touched = {
+        (r["tenant_id"], datetime.fromisoformat(r["started_at"]).astimezone(UTC).date())
+        for r in records
+    }
+    for tenant_id, day in touched:
+        daily_usage_refresh(tenant_id=tenant_id, day=day)
 
 
 @pytest.mark.django_db

@@ -18,10 +18,10 @@ import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from billing.services import daily_usage_refresh, usage_records_insert
 from inference.models import Model, Pool
 from tenants.models import Adapter, ApiKey, User
 from tenants.services import api_key_create
+from tests.billing.test_usage import _record, insert_with_rollups
 from tests.conftest import ROOT, TenantPeople
 from tests.live import Stack, stack_start, wait_for
 from tests.tenants.test_lora import TINY_CONFIG, config, lora_tensors, safetensors
@@ -159,30 +159,21 @@ def test_a_viewer_sees_no_key_creation_and_an_outsider_gets_404(
 def test_the_usage_chart_draws_real_data(
     page: Page, dash_stack: Stack, people: TenantPeople
 ) -> None:
-    key = api_key_create(tenant=people.tenant, name="k", created_by=people.owner).api_key
     now = datetime.now(UTC)
     days = [now - timedelta(days=d) for d in (0, 1, 3)]
-    usage_records_insert(
+    insert_with_rollups(
         [
-            {
-                "request_id": f"r{i}",
-                "tenant_id": people.tenant.pk,
-                "api_key_id": key.pk,
-                "model": "tiny-chat",
-                "endpoint": "chat.completions",
-                "mode": "online",
-                "status": "ok",
-                "prompt_tokens": 1000 * (i + 1),
-                "completion_tokens": 100,
-                "cost_micros": 250_000,
-                "started_at": when.isoformat(),
-                "finished_at": when.isoformat(),
-            }
+            _record(
+                people.tenant,
+                prompt_tokens=1000 * (i + 1),
+                completion_tokens=100,
+                cost_micros=250_000,
+                started_at=when.isoformat(),
+                finished_at=when.isoformat(),
+            )
             for i, when in enumerate(days)
         ]
     )
-    for when in days:
-        daily_usage_refresh(tenant_id=people.tenant.pk, day=when.date())
     log_in(page, dash_stack, people.finance)
     chart = page.locator("#usage-chart")
     expect(chart).to_have_attribute("data-points", "6")  # 3 days x (tokens, spend)
@@ -278,31 +269,24 @@ def test_the_usage_csv_downloads_and_matches_the_table(
 
     from billing.invoicing import invoice_compute
 
-    key = api_key_create(tenant=people.tenant, name="k", created_by=people.owner).api_key
     now = datetime.now(UTC)
-    usage_records_insert(
+    insert_with_rollups(
         [
-            {
-                "request_id": f"u{i}",
-                "tenant_id": people.tenant.pk,
-                "api_key_id": key.pk,
-                "model": model,
-                "endpoint": "chat.completions",
-                "mode": mode,
-                "status": "ok",
-                "prompt_tokens": 500 + i,
-                "completion_tokens": 50,
-                "cost_micros": 123_456 * (i + 1),
-                "started_at": (now - timedelta(days=i % 2)).isoformat(),
-                "finished_at": (now - timedelta(days=i % 2)).isoformat(),
-            }
+            _record(
+                people.tenant,
+                model=model,
+                mode=mode,
+                prompt_tokens=500 + i,
+                completion_tokens=50,
+                cost_micros=123_456 * (i + 1),
+                started_at=(now - timedelta(days=i % 2)).isoformat(),
+                finished_at=(now - timedelta(days=i % 2)).isoformat(),
+            )
             for i, (model, mode) in enumerate(
                 [("tiny-chat", "online"), ("tiny-chat", "batch"), ("big-chat", "online")]
             )
         ]
     )
-    for day in {now.date(), (now - timedelta(days=1)).date()}:
-        daily_usage_refresh(tenant_id=people.tenant.pk, day=day)
     log_in(page, dash_stack, people.finance)
     page.get_by_role("link", name="Usage").click()
     # tiny-chat on 2 days + big-chat on 1 + spend on 2 days

@@ -240,6 +240,15 @@ def test_an_engine_that_lost_its_adapters_gets_them_back(lora_world: LoraWorld) 
     ).raise_for_status()
     replica_probe(replica=lora_world.pool().replicas.get())
     assert held.zrange(lora_world.replica_key(), 0, -1) == [f"{address}:1".encode()]
+    # One the engine holds but nobody may use (a delete that found the engine away): the
+    # probe unloads it.
+    httpx.post(
+        f"{engine_url}/v1/load_lora_adapter",
+        json={"lora_name": f"{address}:9", "lora_path": path},
+    ).raise_for_status()
+    replica_probe(replica=lora_world.pool().replicas.get())
+    assert lora_world.engine_adapters() == {f"{address}:1"}
+    assert held.zrange(lora_world.replica_key(), 0, -1) == [f"{address}:1".encode()]
 
 
 def test_deleting_an_adapter_unloads_it_and_removes_its_files(
