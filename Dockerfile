@@ -2,7 +2,8 @@
 #
 # Inferplane control plane image: one image for every app process.
 #   web     (default CMD)  uvicorn controlplane.asgi:application
-#   worker                 celery -A controlplane worker -l info
+#   worker                 celery -A controlplane worker -Q celery -l info
+#   worker-adapters        celery -A controlplane worker -Q adapters -n adapters@%h -l info
 #   beat                   celery -A controlplane beat -l info --schedule /tmp/celerybeat-schedule
 #   migrate                python manage.py migrate --noinput
 # The vLLM engines run the upstream vllm/vllm-openai image, not this one.

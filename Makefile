@@ -67,10 +67,12 @@ setup: venv engine model
 
 run: setup
 	@mkdir -p var
+	@# The engines answer only to the platform's processes: a key of their own, made once.
+	@test -s var/engine-api-key || (umask 077; $(PY) -c "import secrets; print(secrets.token_urlsafe(32))" > var/engine-api-key)
 	$(PY) manage.py migrate --noinput -v0
-	$(PY) manage.py seed_demo
+	INFERPLANE_ENGINE_API_KEY="$$(cat var/engine-api-key)" $(PY) manage.py seed_demo
 	@# honcho runs every process of the Procfile and stops them all on Ctrl-C.
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start -f Procfile
+	INFERPLANE_ENGINE_API_KEY="$$(cat var/engine-api-key)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start -f Procfile
 
 # --- test ----------------------------------------------------------------------------------
 

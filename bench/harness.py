@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from tests.engines import engine_command
+
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "var" / "bench-logs"
 DB_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/inferplane_bench")
@@ -40,7 +42,12 @@ def _spawn(
         return subprocess.Popen(
             args,
             cwd=ROOT,
-            env={**os.environ, **(env or {})},
+            # The bench's engines take no API key (it compares the gateway with direct calls
+            # to them), whatever the shell it runs from has set.
+            env={
+                **{k: v for k, v in os.environ.items() if k != "INFERPLANE_ENGINE_API_KEY"},
+                **(env or {}),
+            },
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -82,7 +89,8 @@ class Bench:
     def start_engine(self, *extra: str) -> str:
         port = free_port()
         name = f"engine-{port}"
-        command = [str(ROOT / "scripts" / "engine.sh"), str(port), *extra]
+        # Through `sh -c` in a session of its own, as make run's process manager starts it.
+        command = ["sh", "-c", engine_command(port, *extra)]
         self.processes[name] = _spawn(name, command, cpus="0" if self.pin else "")
         if self.pin:
             os.sched_setaffinity(0, {1})
@@ -101,6 +109,7 @@ class Bench:
         web += ["--timeout-keep-alive", "75"]
         self.processes["web"] = _spawn(f"web-{port}", [*py, *web], env, cpus)
         worker = ["celery", "-A", "controlplane", "worker", "-l", "warning", "--concurrency", "1"]
+        worker += ["-Q", "celery,adapters"]  # adapter validation has a queue of its own
         worker += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
         self.processes["worker"] = _spawn(f"worker-{port}", [*py, *worker], env, cpus)
         beat = ["celery", "-A", "controlplane", "beat", "-l", "warning"]

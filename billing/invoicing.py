@@ -138,7 +138,7 @@ def invoices_finalize_month(*, period_start: date) -> int:
     """Finalize the month's invoice of every tenant that used the platform in it. One
     tenant's failure is logged and does not stop the others (a rerun picks it up)."""
     _check_over(period_start)
-    from billing.services import usage_spool_flush
+    from billing.spool import usage_spool_flush
 
     usage_spool_flush()  # records the gateways already spooled belong to the month
     start, end = month_bounds(period_start)

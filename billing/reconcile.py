@@ -18,38 +18,15 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import EngineCounterSnapshot, UsageRecord
+from inference.engine_metrics import engine_metrics_parse
 from inference.models import Pool, Replica
 
-WANTED = {
-    "vllm:prompt_tokens_total": "prompt",
-    "vllm:generation_tokens_total": "generation",
-    "vllm:num_requests_running": "running",
-    "process_start_time_seconds": "started",
-}
 KEEP_DAYS = 40
-
-
-def _parse_metrics(text: str) -> dict[str, float]:
-    values = dict.fromkeys(WANTED.values(), 0.0)
-    seen = set()
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        field = WANTED.get(name)
-        if field:
-            value = float(line.rsplit(" ", 1)[1])
-            # The process start is one gauge; token counters are summed over label sets.
-            values[field] = value if field == "started" else values[field] + value
-            seen.add(field)
-    if not {"prompt", "generation"} <= seen:
-        raise ValueError("the engine's /metrics has no vLLM token counters")
-    return values
 
 
 def replica_counters_snapshot(*, replica: Replica, timeout: float = 5) -> EngineCounterSnapshot:
     text = httpx.get(f"{replica.url}/metrics", timeout=timeout).raise_for_status().text
-    values = _parse_metrics(text)
+    values = engine_metrics_parse(text)
     return EngineCounterSnapshot.objects.create(
         replica=replica,
         taken_at=timezone.now(),
@@ -117,8 +94,12 @@ def usage_reconcile(*, pool: Pool, since: datetime) -> list[ReplicaReconciliatio
         if start is None:
             out.append(_empty(replica, "no earlier snapshot of this engine process"))
             continue
+        # The ledger names the replica (records written before replicas had names: its URL).
         ledger = UsageRecord.objects.filter(
-            replica=replica.url, finished_at__gt=start.taken_at, finished_at__lte=end.taken_at
+            pool=pool.name,
+            replica__in=[replica.name, replica.url],
+            finished_at__gt=start.taken_at,
+            finished_at__lte=end.taken_at,
         ).aggregate(prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), n=Sum(1))
         note = ""
         if start.taken_at > since:

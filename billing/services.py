@@ -8,7 +8,6 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, cast
 
-import orjson
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import Q
@@ -26,10 +25,7 @@ from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
 
-USAGE_SPOOL = "ip:usage:spool"
 ROLLUP_DIRTY = "ip:usage:dirty"  # set of "tenant_id:YYYY-MM-DD" whose rollups are stale
-FLUSH_LOCK = "ip:usage:flush-lock"
-FLUSH_BATCH = 2000
 
 _FIELDS = {f.attname for f in UsageRecord._meta.concrete_fields} - {"id"}
 
@@ -91,27 +87,6 @@ def _adapters_last_used(rows: Iterable[UsageRecord]) -> None:
         Adapter.objects.filter(tenant_id=tenant_id, name=name, version=version).filter(
             Q(last_used_at__isnull=True) | Q(last_used_at__lt=when)
         ).update(last_used_at=when)
-
-
-def usage_spool_flush(*, max_batches: int = 50) -> int:
-    """Move spooled records into the ledger. Safe to run anywhere, any number of times:
-    one flusher at a time (a Redis lock), rows are trimmed only after they are committed,
-    and a replay after a crash is absorbed by the unique request_id."""
-    client = redis_sync()
-    if not client.set(FLUSH_LOCK, "1", nx=True, ex=60):
-        return 0
-    moved = 0
-    try:
-        for _ in range(max_batches):
-            items = cast(list[bytes], client.lrange(USAGE_SPOOL, 0, FLUSH_BATCH - 1))
-            if not items:
-                break
-            usage_records_insert(orjson.loads(item) for item in items)
-            client.ltrim(USAGE_SPOOL, len(items), -1)
-            moved += len(items)
-    finally:
-        client.delete(FLUSH_LOCK)
-    return moved
 
 
 # --- Rollups ---------------------------------------------------------------------------------

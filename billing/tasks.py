@@ -10,8 +10,8 @@ from billing.services import (
     budget_warnings_flush,
     daily_usage_refresh_recent,
     daily_usage_refresh_stale,
-    usage_spool_flush,
 )
+from billing.spool import usage_spool_flush
 from billing.stripe_sync import StripeNotConfigured, invoice_stripe_push, invoice_stripe_void
 
 log = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from controlplane.bodylimit import BoundedBody  # noqa: E402
 from dashboard.consumers import OpsConsumer  # noqa: E402
 from inference.api.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
 
@@ -27,7 +28,7 @@ dashboard_websockets = [
 
 application = ProtocolTypeRouter(
     {
-        "http": URLRouter([*http_urlpatterns, re_path(r"", django_asgi_app)]),  # type: ignore[arg-type]
+        "http": URLRouter([*http_urlpatterns, re_path(r"", BoundedBody(django_asgi_app))]),  # type: ignore[arg-type]
         "websocket": URLRouter([*websocket_urlpatterns, *dashboard_websockets]),
     }
 )

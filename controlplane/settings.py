@@ -8,6 +8,7 @@ real ``SECRET_KEY`` and ``ALLOWED_HOSTS`` and turns on every HTTPS protection, s
 
 from __future__ import annotations
 
+import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import django_stubs_ext
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 
 from controlplane.env import (
     env_bool,
@@ -35,6 +37,9 @@ VAR_DIR = Path(env_str("INFERPLANE_VAR_DIR", str(BASE_DIR / "var")))
 INFERPLANE_ENV = env_choice("INFERPLANE_ENV", "development", {"development", "production"})
 PRODUCTION = INFERPLANE_ENV == "production"
 DEBUG = env_bool("DEBUG", False)
+if PRODUCTION and DEBUG:
+    # DEBUG shows settings and stack traces to anyone who triggers an error.
+    raise ImproperlyConfigured("DEBUG must be off when INFERPLANE_ENV=production")
 
 
 def _secret_key() -> str:
@@ -76,6 +81,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "axes",
     "tenants",
     "inference",
     "billing",
@@ -85,6 +91,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -92,6 +99,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: turns a locked-out login into its 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -108,6 +117,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "django.template.context_processors.csp",
             ],
         },
     },
@@ -157,6 +167,9 @@ CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+# Adapter validation has a queue and a worker of its own (Procfile "worker-adapters"), so
+# that uploads never hold up probes, metering and rollups on the default queue ("celery").
+CELERY_TASK_ROUTES = {"tenants.tasks.adapter_validate_task": {"queue": "adapters"}}
 # --- Stripe --------------------------------------------------------------------------------
 # Unset: invoices are still computed and finalized, but nothing is sent to Stripe and the
 # webhook refuses every call.
@@ -204,16 +217,34 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "schedule": 3600.0,
         "options": {"expires": 1800},
     },
+    # Key and tenant changes that Redis could not take when they were committed.
+    "flush-key-cache-outbox": {
+        "task": "inference.tasks.keycache_outbox_flush_task",
+        "schedule": 2.0,
+        "options": {"expires": 10},
+    },
     "flush-key-last-used": {
         "task": "tenants.tasks.api_keys_last_used_flush",
         "schedule": 60.0,
         "options": {"expires": 30},
+    },
+    # Adapter versions still validating past INFERPLANE_ADAPTER_VALIDATION_DEADLINE_MINUTES
+    # (a worker killed at the hard time limit, a lost message) get a verdict.
+    "reject-stuck-adapters": {
+        "task": "tenants.tasks.adapters_stuck_reject_task",
+        "schedule": 300.0,
+        "options": {"expires": 240},
     },
 }
 
 # --- Auth ----------------------------------------------------------------------------------
 
 AUTH_USER_MODEL = "tenants.User"
+# django-axes first: it refuses a locked-out login before any password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "/app/login/"
 LOGIN_REDIRECT_URL = "/app/"
 LOGOUT_REDIRECT_URL = "/app/login/"
@@ -265,6 +296,22 @@ STATIC_ROOT = VAR_DIR / "static"
 # Uploaded files (LoRA adapters): a directory under var/ by default.
 MEDIA_ROOT = Path(env_str("INFERPLANE_MEDIA_ROOT", str(VAR_DIR / "media")))
 ADAPTER_MAX_BYTES = env_int("INFERPLANE_ADAPTER_MAX_BYTES", 256 * 1024 * 1024, minimum=1024)
+# Per tenant: versions not deleted (rejected ones too) and the bytes they keep.
+ADAPTER_MAX_VERSIONS_PER_TENANT = env_int(
+    "INFERPLANE_ADAPTER_MAX_VERSIONS_PER_TENANT", 100, minimum=1
+)
+ADAPTER_MAX_BYTES_PER_TENANT = env_int(
+    "INFERPLANE_ADAPTER_MAX_BYTES_PER_TENANT", 10 * 1024**3, minimum=1024
+)
+# One validation: soft time limit (the version is rejected as taking too long; the hard
+# limit, 30 s later, kills the worker process), and tries on storage or database errors.
+ADAPTER_VALIDATION_SECONDS = env_int("INFERPLANE_ADAPTER_VALIDATION_SECONDS", 300, minimum=1)
+ADAPTER_VALIDATION_RETRIES = env_int("INFERPLANE_ADAPTER_VALIDATION_RETRIES", 3, minimum=0)
+# Still validating after this long (a killed worker, a lost message): rejected by a sweep.
+# Keep it above (retries + 1) x (seconds + 30) plus the backoff between tries.
+ADAPTER_VALIDATION_DEADLINE_MINUTES = env_int(
+    "INFERPLANE_ADAPTER_VALIDATION_DEADLINE_MINUTES", 30, minimum=1
+)
 # Uploaded files: the filesystem (MEDIA_ROOT) unless INFERPLANE_STORAGE=s3 (any
 # S3-compatible store, through django-storages). Engines load adapters from a local path:
 # with S3, from copies in ADAPTER_CACHE_DIR, a volume they share with the worker.
@@ -307,6 +354,40 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # HTMX reads it to send X-CSRFToken
 X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy on every response (Django's own middleware). Scripts and styles
+# come from this origin only; the few inline ones (Swagger UI's set-up, the admin's) carry
+# the per-response nonce. 'self' covers ws:/wss: to this host (CSP Level 3), which the
+# operator page and the playground use. data: images: Swagger UI's icons.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF, CSP.NONCE],
+    "style-src": [CSP.SELF, CSP.NONCE],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "frame-ancestors": [CSP.NONE],
+    "form-action": [CSP.SELF],
+}
+
+# Failed password logins (dashboard, control API tokens, admin), counted by django-axes in
+# the cache (Redis) per username and per client address: at the limit, logins for that
+# username or from that address answer 429 for the cool-off. Behind a proxy, let uvicorn
+# take the client address from X-Forwarded-For (FORWARDED_ALLOW_IPS), or every client
+# shares the proxy's.
+AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_FAILURE_LIMIT = env_int("INFERPLANE_LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = timedelta(
+    seconds=env_int("INFERPLANE_LOGIN_COOLOFF_SECONDS", 15 * 60, minimum=1)
+)
+# A lockout ends on time: attempts during it neither count nor extend it.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_RESET_ON_SUCCESS = False  # else one good account would reset its address's count
+AXES_USERNAME_CALLABLE = "controlplane.login_throttle.counted_username"
+AXES_LOCKOUT_CALLABLE = "controlplane.login_throttle.lockout_response"
+AXES_ENABLE_ADMIN = False  # nothing in the database to show: the counts live in Redis
+AXES_VERBOSE = False  # no banner on every manage.py command
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 if PRODUCTION:
@@ -326,7 +407,53 @@ INFERPLANE_KEY_ROTATION_GRACE_SECONDS = env_int(
     "INFERPLANE_KEY_ROTATION_GRACE_SECONDS", 24 * 3600, minimum=0
 )
 INFERPLANE_PROBE_TIMEOUT_SECONDS = env_int("INFERPLANE_PROBE_TIMEOUT_SECONDS", 3, minimum=1)
+# DNS discovery of replicas asks this server (host, host:port, [v6]:port) instead of the
+# ones in /etc/resolv.conf.
+INFERPLANE_DNS_NAMESERVER = env_str("INFERPLANE_DNS_NAMESERVER", "")
+if INFERPLANE_DNS_NAMESERVER and not re.fullmatch(
+    r"(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.-]+)(:\d{1,5})?", INFERPLANE_DNS_NAMESERVER
+):
+    raise ImproperlyConfigured(
+        f"INFERPLANE_DNS_NAMESERVER={INFERPLANE_DNS_NAMESERVER!r} is not host, host:port "
+        "or [v6-address]:port"
+    )
 INFERPLANE_MAX_BODY_BYTES = env_int("INFERPLANE_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024)
+# The gateway and the engines (README, "Timeouts and limits"). First byte: from sending a
+# request to the engine's first token (a long prefill on a busy GPU takes seconds, never a
+# minute); a replica that stays silent longer is treated as failed and the request goes to
+# another. Stall: the longest silence mid-stream before the stream is ended as failed
+# (decode steps take milliseconds; a preempted sequence can wait a few seconds).
+INFERPLANE_ENGINE_CONNECT_TIMEOUT_SECONDS = env_int(
+    "INFERPLANE_ENGINE_CONNECT_TIMEOUT_SECONDS", 3, minimum=1
+)
+INFERPLANE_ENGINE_FIRST_BYTE_TIMEOUT_SECONDS = env_int(
+    "INFERPLANE_ENGINE_FIRST_BYTE_TIMEOUT_SECONDS", 60, minimum=1
+)
+INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS = env_int(
+    "INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS", 30, minimum=1
+)
+# A /v1/ws socket that has not authenticated by then is closed.
+INFERPLANE_WS_AUTH_TIMEOUT_SECONDS = env_int("INFERPLANE_WS_AUTH_TIMEOUT_SECONDS", 10, minimum=1)
+# Bodies of everything outside /v1 (dashboard, control API, admin): Django would otherwise
+# spool any size to a temporary file before a view could refuse it (controlplane.asgi).
+INFERPLANE_MAX_CONTROL_BODY_BYTES = env_int(
+    "INFERPLANE_MAX_CONTROL_BODY_BYTES", 1024 * 1024, minimum=1024
+)
+# Hosts whose https image URLs a multimodal model may be sent (and the domains under them);
+# empty: images only inline, as data: URLs.
+INFERPLANE_MEDIA_URL_DOMAINS = frozenset(
+    d.lower().lstrip(".") for d in env_list("INFERPLANE_MEDIA_URL_DOMAINS", [])
+)
+# The key the engines require (vLLM --api-key / VLLM_API_KEY, from the same secret); empty:
+# they require none (the local engines of `make run`).
+INFERPLANE_ENGINE_API_KEY = env_str("INFERPLANE_ENGINE_API_KEY", "")
+# A non-streamed answer is assembled in memory: past this size it is refused (stream it).
+INFERPLANE_MAX_RESPONSE_BYTES = env_int(
+    "INFERPLANE_MAX_RESPONSE_BYTES", 16 * 1024 * 1024, minimum=64 * 1024
+)
+# A usage-spool entry read by a flusher that has not acknowledged it for this long (it died,
+# or waits on a locked table) is taken over by the next flusher (billing.spool).
+INFERPLANE_USAGE_CLAIM_IDLE_SECONDS = env_int("INFERPLANE_USAGE_CLAIM_IDLE_SECONDS", 30, minimum=1)
 
 LOGGING = {
     "version": 1,

@@ -44,6 +44,8 @@ def catalog_build() -> dict[str, Any]:
             "served_name": model.served_name,
             "context_length": model.context_length,
             "supports_lora": model.supports_lora,
+            "accepts_images": model.accepts_images,
+            "accepts_audio": model.accepts_audio,
             "is_public": model.is_public,
             "allowed_tenants": sorted(t.pk for t in model.allowed_tenants.all()),
             "created": int(model.created_at.timestamp()),
@@ -60,7 +62,10 @@ def catalog_build() -> dict[str, Any]:
             "max_inflight": pool.max_inflight,
             "max_queue_wait_seconds": pool.max_queue_wait_seconds,
             "max_loras": pool.max_loras,
-            "replicas": {str(r.pk): {"url": r.url, "state": r.state} for r in pool.replicas.all()},
+            "replicas": {
+                str(r.pk): {"url": r.url, "state": r.state, "name": r.name}
+                for r in pool.replicas.all()
+            },
         }
         slot = "online_pool" if pool.kind == Pool.Kind.DEDICATED else "batch_pool"
         if models[pool.model.name][slot] is None:

@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import ipaddress
+import re
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
@@ -8,6 +13,46 @@ name_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$",
     "Use letters, digits, '.', '_', ':' and '-' (no '/': that separates tenant adapters).",
 )
+replica_name_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", "Use letters, digits, '.', '_' and '-'."
+)
+dns_name_validator = RegexValidator(
+    r"^(?=.{1,253}\.?$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
+    r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?$",
+    "A DNS name such as vllm-online.inferplane.svc.cluster.local",
+)
+
+
+_HOST = re.compile(
+    r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?)$"
+)
+
+
+def engine_url_validator(value: str) -> None:
+    """An engine's base URL: http(s), a host (a single-label name such as ``vllm-online``
+    is fine: Compose and Kubernetes use them), an optional port and path; nothing else."""
+    message = f"{value!r} is not an engine URL like http://10.0.0.5:8000"
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        raise ValidationError(message, code="invalid") from None
+    if (
+        parts.scheme not in {"http", "https"}
+        or not parts.netloc
+        or not _HOST.match(parts.netloc.rsplit(":", 1)[0] if port else parts.netloc)
+        or parts.username is not None
+        or parts.query
+        or parts.fragment
+        or any(c.isspace() for c in value)
+    ):
+        raise ValidationError(message, code="invalid")
+    if parts.netloc.startswith("["):
+        try:
+            ipaddress.IPv6Address(parts.hostname or "")
+        except ValueError:
+            raise ValidationError(message, code="invalid") from None
 
 
 class Model(models.Model):
@@ -19,6 +64,15 @@ class Model(models.Model):
         validators=[MinValueValidator(16), MaxValueValidator(10_000_000)]
     )
     supports_lora = models.BooleanField(default=False)
+    # What a chat message may carry besides text. A text-only model refuses other content
+    # parts with 400 (they would otherwise reach the engine, and a multimodal engine fetches
+    # image URLs from inside the GPU network).
+    accepts_images = models.BooleanField(
+        default=False, help_text="Chat messages may carry image_url parts (a vision model)."
+    )
+    accepts_audio = models.BooleanField(
+        default=False, help_text="Chat messages may carry input_audio parts (an audio model)."
+    )
     architecture = models.JSONField(
         default=dict,
         blank=True,
@@ -47,6 +101,14 @@ class Pool(models.Model):
         VTC = "vtc", "Virtual token counter (token-fair)"
         FCFS = "fcfs", "First come, first served"
 
+    class Discovery(models.TextChoices):
+        STATIC = "static", "Static (replicas registered by hand)"
+        DNS = "dns", "DNS (every address of a headless Service is a replica)"
+
+    class Scheme(models.TextChoices):
+        HTTP = "http", "http"
+        HTTPS = "https", "https"
+
     name = models.CharField(
         max_length=64,
         unique=True,
@@ -57,8 +119,9 @@ class Pool(models.Model):
     max_inflight = models.PositiveIntegerField(
         default=8,
         validators=[MinValueValidator(1), MaxValueValidator(4096)],
-        help_text="Requests admitted at once per ready replica; keep it at or below the "
-        "engine's max_num_seqs so the engine's own queue stays empty.",
+        help_text="Sequences admitted at once per ready replica (a request runs prompts x n "
+        "of them); keep it at or below the engine's max_num_seqs so the engine's own queue "
+        "stays empty.",
     )
     policy = models.CharField(max_length=8, choices=Policy.choices, default=Policy.VTC)
     max_queue_wait_seconds = models.PositiveIntegerField(
@@ -77,6 +140,42 @@ class Pool(models.Model):
         help_text="The engines' --max-loras: adapters one replica holds at once; loading "
         "another evicts the least recently used.",
     )
+    discovery = models.CharField(
+        max_length=8,
+        choices=Discovery.choices,
+        default=Discovery.STATIC,
+        help_text="Where the replicas come from. DNS: the name is resolved (A and AAAA) at "
+        "every probe round; a new address becomes a replica, one that vanished is drained "
+        "and then removed.",
+    )
+    dns_name = models.CharField(
+        max_length=253,
+        blank=True,
+        validators=[dns_name_validator],
+        help_text="DNS discovery: the full name of the engines' headless Service, e.g. "
+        "vllm-online.inferplane.svc.cluster.local",
+    )
+    dns_port = models.PositiveIntegerField(
+        default=8000,
+        validators=[MinValueValidator(1), MaxValueValidator(65535)],
+        help_text="DNS discovery: the engines' port.",
+    )
+    dns_scheme = models.CharField(max_length=5, choices=Scheme.choices, default=Scheme.HTTP)
+    drain_grace_seconds = models.PositiveIntegerField(
+        default=300,
+        validators=[MinValueValidator(1), MaxValueValidator(86400)],
+        help_text="DNS discovery: a replica whose address vanished is removed once nothing "
+        "runs on it, or after this long regardless.",
+    )
+    discovery_error = models.CharField(
+        max_length=500,
+        blank=True,
+        editable=False,
+        help_text="Why the last DNS resolution failed (the replicas were kept as they were).",
+    )
+    replica_seq = models.PositiveIntegerField(
+        default=0, editable=False, help_text="The number in the last assigned replica name."
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -84,6 +183,17 @@ class Pool(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        if self.discovery == self.Discovery.DNS and not self.dns_name:
+            raise ValidationError({"dns_name": "DNS discovery needs the Service's DNS name."})
+
+    @property
+    def discovery_url(self) -> str:
+        """``static``, or the scheme, name and port every discovered address is served at."""
+        if self.discovery != self.Discovery.DNS:
+            return self.Discovery.STATIC
+        return f"{self.dns_scheme}://{self.dns_name}:{self.dns_port}"
 
 
 class Replica(models.Model):
@@ -93,8 +203,30 @@ class Replica(models.Model):
         DOWN = "down", "Down"
 
     pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="replicas")
-    url = models.URLField(help_text="Base URL of the vLLM OpenAI server, e.g. http://10.0.0.5:8000")
+    name = models.CharField(
+        max_length=64,
+        blank=True,
+        validators=[replica_name_validator],
+        help_text="Short name, unique in the pool, that may be shown outside (the URL is "
+        "internal). Left empty: <pool>-<n>.",
+    )
+    url = models.CharField(
+        max_length=200,
+        validators=[engine_url_validator],
+        help_text="Base URL of the vLLM OpenAI server, e.g. http://10.0.0.5:8000",
+    )
     state = models.CharField(max_length=16, choices=State.choices, default=State.DOWN)
+    discovered = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="Added by DNS discovery (which also removes it); otherwise registered by hand.",
+    )
+    vanished_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When its address left the pool's DNS name: draining until removed.",
+    )
     last_probe_at = models.DateTimeField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -102,8 +234,30 @@ class Replica(models.Model):
     class Meta:
         ordering = ["pool", "url"]
         constraints = [
-            models.UniqueConstraint(fields=["pool", "url"], name="replica_unique_url_per_pool")
+            models.UniqueConstraint(fields=["pool", "url"], name="replica_unique_url_per_pool"),
+            # Blank only for a moment: the admin's forms, until the name is assigned.
+            models.UniqueConstraint(
+                fields=["pool", "name"],
+                condition=~models.Q(name=""),
+                name="replica_unique_name_per_pool",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.pool.name}:{self.url}"
+
+
+class KeyCacheInvalidation(models.Model):
+    """A change to a key or a tenant that the gateways' caches must see (the transactional
+    outbox of ``inference.keycache``): written in the same transaction as the change, deleted
+    once Redis holds the invalidation. A Redis hiccup at that moment only delays it."""
+
+    prefix = models.CharField(max_length=32, blank=True)
+    tenant_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.prefix or f"tenant {self.tenant_id}"

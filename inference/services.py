@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import logging
 import re
+import socket
+import time
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
+import dns.exception
+import dns.resolver
 import httpx
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from controlplane.redis import redis_sync
 from inference.catalog import adapters_held_key, catalog_publish, pool_prefix
-from inference.models import Model, Pool, Replica, name_validator
+from inference.engine_auth import engine_auth_headers
+from inference.engine_metrics import engine_metrics_parse
+from inference.models import (
+    Model,
+    Pool,
+    Replica,
+    dns_name_validator,
+    engine_url_validator,
+    name_validator,
+)
+from inference.selectors import replica_in_flight, replicas_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +61,32 @@ def model_ensure(
 
 
 @transaction.atomic
-def pool_ensure(*, name: str, kind: str, model: Model, replica_urls: list[str]) -> Pool:
-    """Create or update a pool and make its replica set exactly ``replica_urls``."""
+def pool_ensure(
+    *,
+    name: str,
+    kind: str,
+    model: Model,
+    replica_urls: list[str],
+    discovery: str | None = None,
+) -> Pool:
+    """Create or update a pool and make its replicas exactly ``replica_urls`` (with DNS
+    discovery: its hand-registered ones; those found by discovery are discovery's).
+    ``discovery``: ``static`` or ``http(s)://SERVICE-NAME:PORT`` (see ``discovery_parse``)."""
     urls = [url.rstrip("/") for url in replica_urls]
     pool, _ = Pool.objects.update_or_create(name=name, defaults={"kind": kind, "model": model})
-    pool.replicas.exclude(url__in=urls).delete()
+    pool = _pool_locked(pool)
+    if discovery is not None:
+        _discovery_apply(pool, discovery)
+        pool.full_clean()
+        pool.save()
+    managed = pool.replicas.all()
+    if pool.discovery == Pool.Discovery.DNS:
+        managed = managed.filter(discovered=False)
+    for replica in managed.exclude(url__in=urls):
+        _replica_delete(replica)
     for url in urls:
-        Replica.objects.get_or_create(pool=pool, url=url)
+        if not pool.replicas.filter(url=url).exists():
+            _replica_create(pool=pool, url=url)
     transaction.on_commit(catalog_publish)
     return pool
 
@@ -62,6 +100,8 @@ def pool_configure(
     max_queue_wait_seconds: int | None = None,
     max_loras: int | None = None,
     max_lora_rank: int | None = None,
+    discovery: str | None = None,
+    drain_grace_seconds: int | None = None,
 ) -> Pool:
     for field, value in (
         ("max_inflight", max_inflight),
@@ -69,9 +109,12 @@ def pool_configure(
         ("max_queue_wait_seconds", max_queue_wait_seconds),
         ("max_loras", max_loras),
         ("max_lora_rank", max_lora_rank),
+        ("drain_grace_seconds", drain_grace_seconds),
     ):
         if value is not None:
             setattr(pool, field, value)
+    if discovery is not None:
+        _discovery_apply(pool, discovery)
     pool.full_clean()
     pool.save()
     transaction.on_commit(catalog_publish)
@@ -88,6 +131,311 @@ def replica_set_state(*, replica: Replica, state: str) -> Replica:
     return replica
 
 
+# --- Registering replicas: by hand, or from DNS ------------------------------------------------
+
+
+def discovery_parse(value: str) -> dict[str, Any]:
+    """``static``, or ``http(s)://SERVICE-NAME:PORT``: every A and AAAA address of that name
+    is a replica served with that scheme at that port. Returns the pool fields to set."""
+    if value == Pool.Discovery.STATIC:
+        return {"discovery": Pool.Discovery.STATIC}
+    message = (
+        "use 'static' or http(s)://SERVICE-NAME:PORT (e.g. "
+        f"http://vllm-online.inferplane.svc.cluster.local:8000), not {value!r}"
+    )
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        raise ValidationError({"discovery": message}) from None
+    if (
+        parts.scheme not in Pool.Scheme.values
+        or not parts.hostname
+        or parts.path not in {"", "/"}
+        or parts.query
+        or parts.fragment
+        or parts.username is not None
+    ):
+        raise ValidationError({"discovery": message})
+    try:
+        dns_name_validator(parts.hostname)
+    except ValidationError:
+        raise ValidationError({"discovery": message}) from None
+    return {
+        "discovery": Pool.Discovery.DNS,
+        "dns_scheme": parts.scheme,
+        "dns_name": parts.hostname,
+        "dns_port": port or (443 if parts.scheme == "https" else 80),
+    }
+
+
+def _discovery_apply(pool: Pool, value: str) -> None:
+    fields = discovery_parse(value)
+    for name, value_ in fields.items():
+        setattr(pool, name, value_)
+    if pool.discovery == Pool.Discovery.STATIC:
+        pool.discovery_error = ""
+
+
+def _pool_locked(pool: Pool) -> Pool:
+    """The pool's row, locked to the end of the transaction: replica names and discovery
+    rounds of one pool happen one at a time."""
+    return Pool.objects.select_for_update().select_related("model").get(pk=pool.pk)
+
+
+def _replica_name_next(pool: Pool) -> str:
+    """``<pool>-<n>``, n one more than the last given (``pool`` locked by the caller)."""
+    while True:
+        pool.replica_seq += 1
+        name = f"{pool.name[:52]}-{pool.replica_seq}"
+        if not pool.replicas.filter(name=name).exists():  # an operator may have taken it
+            break
+    pool.save(update_fields=["replica_seq"])
+    return name
+
+
+@transaction.atomic
+def replica_name_assign(*, replica: Replica) -> Replica:
+    """Name a replica that has none (the admin's forms: saved by the caller)."""
+    replica.name = _replica_name_next(_pool_locked(replica.pool))
+    return replica
+
+
+def _replica_create(*, pool: Pool, url: str, name: str = "", discovered: bool = False) -> Replica:
+    """A new replica (``pool`` locked by the caller), named ``<pool>-<n>`` unless given a
+    name. Numbers are never reused: the ledger names replicas, old names stay meaningful."""
+    replica = Replica(
+        pool=pool, url=url, name=name or _replica_name_next(pool), discovered=discovered
+    )
+    replica.full_clean()
+    replica.save()
+    return replica
+
+
+def _replica_delete(replica: Replica) -> None:
+    """Delete the row; after the commit, forget what Redis keeps about the replica."""
+    pool, rid = replica.pool.name, str(replica.pk)
+    replica.delete()
+
+    def forget() -> None:
+        try:
+            client = redis_sync()
+            client.hdel(pool_prefix(pool) + "rload", rid)
+            client.delete(adapters_held_key(pool, rid))
+        except RedisError:
+            log.warning("could not clear the admission state of removed replica %s", rid)
+
+    transaction.on_commit(forget)
+
+
+@transaction.atomic
+def replica_add(*, pool: Pool, url: str, name: str = "") -> Replica:
+    """Register an engine by hand (in a static pool, or beside the discovered ones of a DNS
+    pool: those are left alone by discovery). It is ``down`` until its first probe."""
+    pool = _pool_locked(pool)
+    url = url.strip().rstrip("/")
+    try:
+        engine_url_validator(url)
+    except ValidationError as exc:
+        raise ValidationError({"url": exc.messages}) from None
+    if pool.replicas.filter(url=url).exists():
+        raise ValidationError({"url": f"{url} is already a replica of pool {pool.name}"})
+    if name and pool.replicas.filter(name=name).exists():
+        raise ValidationError({"name": f"pool {pool.name} already has a replica named {name}"})
+    replica = _replica_create(pool=pool, url=url, name=name)
+    transaction.on_commit(catalog_publish)
+    log.info("replica %s (%s) added to pool %s", replica.name, url, pool.name)
+    return replica
+
+
+def replica_drain(*, replica: Replica) -> Replica:
+    """No new requests go to it; the ones running finish. Probes leave it draining."""
+    return replica_set_state(replica=replica, state=Replica.State.DRAINING)
+
+
+def replica_undrain(*, replica: Replica, timeout: float | None = None) -> Replica:
+    """Back into rotation, once it answers: it is probed now and is ``ready`` or ``down``."""
+    if replica.vanished_at is not None:
+        raise ValidationError(
+            {"state": "its address left the pool's DNS name: it is leaving the pool"}
+        )
+    replica_set_state(replica=replica, state=Replica.State.DOWN)
+    replica = replica_probe(replica=replica, timeout=timeout)
+    transaction.on_commit(catalog_publish)
+    return replica
+
+
+@transaction.atomic
+def replica_remove(*, replica: Replica, force: bool = False) -> int:
+    """Remove a replica. Refused while requests run on it (drain it first and wait), unless
+    ``force``: those requests then finish on the engine, or fail over if it goes away.
+    Returns the requests that were in flight on it."""
+    try:
+        in_flight = replica_in_flight(replica=replica)
+    except RedisError:
+        if not force:
+            raise ValidationError(
+                {
+                    "replica": "cannot tell whether requests run on it (Redis is unreachable): "
+                    "force to remove it anyway"
+                }
+            ) from None
+        in_flight = 0
+    if in_flight and not force:
+        raise ValidationError(
+            {
+                "replica": f"{in_flight} request(s) in flight on {replica.name}: drain it "
+                "first and wait, or force"
+            }
+        )
+    name = replica.name
+    _replica_delete(replica)
+    transaction.on_commit(catalog_publish)
+    log.info("replica %s removed (%d in flight)", name, in_flight)
+    return in_flight
+
+
+@dataclass
+class DiscoveryRound:
+    """What one DNS resolution of a pool changed (or why it changed nothing)."""
+
+    addresses: list[str] = dataclasses.field(default_factory=list)
+    added: list[str] = dataclasses.field(default_factory=list)
+    returned: list[str] = dataclasses.field(default_factory=list)
+    drained: list[str] = dataclasses.field(default_factory=list)
+    removed: list[str] = dataclasses.field(default_factory=list)
+    error: str = ""
+
+
+class DnsFailure(Exception):
+    pass
+
+
+def _resolver() -> dns.resolver.Resolver:
+    """The system's resolver (resolv.conf), or ``INFERPLANE_DNS_NAMESERVER``."""
+    server = settings.INFERPLANE_DNS_NAMESERVER
+    if not server:
+        resolver = dns.resolver.Resolver()
+    else:
+        host, port = server, 53
+        match = re.fullmatch(r"\[(?P<v6>[^]]+)\](:(?P<p6>\d+))?|(?P<h>[^:]+)(:(?P<p>\d+))?", server)
+        if match:
+            host = match["v6"] or match["h"]
+            port = int(match["p6"] or match["p"] or 53)
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:  # a name: the server's address from the system's resolver
+            host = str(socket.getaddrinfo(host, port, proto=socket.IPPROTO_UDP)[0][4][0])
+        resolver = dns.resolver.Resolver(configure=False)
+        resolver.nameservers = [host]
+        resolver.port = port
+    resolver.lifetime = float(settings.INFERPLANE_PROBE_TIMEOUT_SECONDS)
+    return resolver
+
+
+def dns_addresses(*, name: str) -> set[str]:
+    """Every A and AAAA address of ``name`` (a full name; no search domains). A name that
+    does not exist or has no address is an answer: no replicas (a Service scaled to zero).
+    A failure to get an answer (timeout, SERVFAIL, refused) raises ``DnsFailure``."""
+    addresses: set[str] = set()
+    try:
+        resolver = _resolver()  # a nameserver that is a name, or no resolv.conf, can fail here
+        for rdtype in ("A", "AAAA"):
+            try:
+                answer = resolver.resolve(name, rdtype, search=False)
+            except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+                continue
+            addresses.update(rdata.to_text() for rdata in answer)
+    except (dns.exception.DNSException, OSError) as exc:
+        raise DnsFailure(f"{type(exc).__name__}: {exc}"[:500]) from exc
+    return addresses
+
+
+def _address_url(pool: Pool, address: str) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"{pool.dns_scheme}://{host}:{pool.dns_port}"
+
+
+@transaction.atomic
+def pool_discovery_sync(*, pool: Pool) -> DiscoveryRound:
+    """Make a DNS pool's discovered replicas its name's addresses: a new address becomes a
+    replica (``down`` until probed); one that vanished is set ``draining`` (the catalog takes
+    it out of rotation), then removed in a later round once nothing runs on it (the
+    admission state's ``rload``) or ``drain_grace_seconds`` after it vanished. A DNS failure
+    changes no replica: the last known set stays, and the error is kept on the pool."""
+    result = DiscoveryRound()
+    pool = _pool_locked(pool)
+    if pool.discovery != Pool.Discovery.DNS:
+        return result
+    try:
+        addresses = dns_addresses(name=pool.dns_name)
+    except DnsFailure as exc:
+        result.error = str(exc)
+        log.warning(
+            "pool %s: resolving %s failed, replicas kept as they are: %s",
+            pool.name,
+            pool.dns_name,
+            exc,
+        )
+        if pool.discovery_error != result.error:
+            pool.discovery_error = result.error
+            pool.save(update_fields=["discovery_error"])
+        return result
+    if pool.discovery_error:
+        pool.discovery_error = ""
+        pool.save(update_fields=["discovery_error"])
+    result.addresses = sorted(addresses)
+    wanted = {_address_url(pool, a) for a in addresses}
+    replicas = list(pool.replicas.all())
+    known = {r.url for r in replicas}
+    now = timezone.now()
+    for url in sorted(wanted - known):
+        result.added.append(_replica_create(pool=pool, url=url, discovered=True).name)
+    leaving = [r for r in replicas if r.discovered and r.url not in wanted]
+    in_flight = replicas_in_flight(pool=pool, replicas=[r for r in leaving if r.vanished_at])
+    for replica in replicas:
+        if not replica.discovered:
+            continue  # registered by hand: not discovery's to change
+        if replica.url in wanted:
+            if replica.vanished_at is not None:
+                # The address is back: a new pod has it (or DNS had a gap). Probed as new.
+                replica.vanished_at = None
+                replica.state = Replica.State.DOWN
+                replica.save(update_fields=["vanished_at", "state"])
+                result.returned.append(replica.name)
+        elif replica.vanished_at is None:
+            replica.vanished_at = now
+            replica.state = Replica.State.DRAINING
+            replica.save(update_fields=["vanished_at", "state"])
+            result.drained.append(replica.name)
+        else:
+            busy = in_flight.get(replica.pk)  # None: Redis could not say
+            overdue = (now - replica.vanished_at).total_seconds() >= pool.drain_grace_seconds
+            if busy == 0 or overdue:
+                if busy:
+                    log.warning(
+                        "replica %s removed with %d request(s) still counted in flight "
+                        "(%ds after its address vanished)",
+                        replica.name,
+                        busy,
+                        pool.drain_grace_seconds,
+                    )
+                _replica_delete(replica)
+                result.removed.append(replica.name)
+    if result.added or result.returned or result.drained or result.removed:
+        log.info(
+            "pool %s discovery (%s): added %s, back %s, draining %s, removed %s",
+            pool.name,
+            pool.dns_name,
+            result.added,
+            result.returned,
+            result.drained,
+            result.removed,
+        )
+        transaction.on_commit(catalog_publish)
+    return result
+
+
 def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:
     """Ask the engine whether it is healthy and serves the pool's model; record the answer.
 
@@ -99,9 +447,12 @@ def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:
     loaded: set[str] | None = None
     started_ms = _redis_now_ms()
     try:
-        with httpx.Client(base_url=replica.url, timeout=timeout) as client:
+        with httpx.Client(
+            base_url=replica.url, timeout=timeout, headers=engine_auth_headers()
+        ) as client:
             client.get("/health").raise_for_status()
             models = client.get("/v1/models").raise_for_status().json()
+            metrics = engine_metrics_parse(client.get("/metrics").raise_for_status().text)
         cards = [m for m in models.get("data", []) if isinstance(m, dict)]
         names = {m.get("id") for m in cards}
         if served not in names:
@@ -109,14 +460,21 @@ def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:
         else:
             # LoRA adapters are the cards with a parent (the base model they apply to).
             loaded = {str(m["id"]) for m in cards if m.get("parent") and m.get("id")}
+            error = _progress_check(replica, metrics)
     except (httpx.HTTPError, ValueError, AttributeError) as exc:
         error = f"{type(exc).__name__}: {exc}"[:500]
     previous = replica.state
-    if replica.state != Replica.State.DRAINING:
-        replica.state = Replica.State.DOWN if error else Replica.State.READY
     replica.last_error = error
     replica.last_probe_at = timezone.now()
-    replica.save(update_fields=["state", "last_error", "last_probe_at"])
+    recorded = {"last_error": error, "last_probe_at": replica.last_probe_at}
+    state = Replica.State.DOWN if error else Replica.State.READY
+    # Draining is decided in the database, not on this copy: an operator or discovery may
+    # have drained it while the probe ran (or removed it: then nothing is written).
+    rows = Replica.objects.filter(pk=replica.pk)
+    if rows.exclude(state=Replica.State.DRAINING).update(state=state, **recorded):
+        replica.state = state
+    elif rows.update(**recorded):
+        replica.state = Replica.State.DRAINING
     if replica.state != previous:
         log.info("replica %s: %s -> %s %s", replica, previous, replica.state, error)
     if loaded is not None and started_ms is not None:
@@ -126,6 +484,35 @@ def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:
         except Exception:
             log.warning("could not reconcile the adapters of %s", replica, exc_info=True)
     return replica
+
+
+PROBE_PROGRESS = "ip:probe:progress"  # replica id -> "generated tokens|since (epoch s)"
+
+
+def _progress_check(replica: Replica, metrics: dict[str, float]) -> str:
+    """An engine whose HTTP server answers while its engine core is stuck (a hung GPU, a
+    wedged kernel) still says 200 on /health: it is down if it has requests running and
+    its generated-token counter has not moved for the stall timeout. '' when it is fine."""
+    field = str(replica.pk)
+    generated, running = metrics["generation"], metrics["running"]
+    now = time.time()
+    try:
+        client = redis_sync()
+        previous = client.hget(PROBE_PROGRESS, field)
+        text = previous.decode() if isinstance(previous, bytes) else str(previous or "")
+        last_generated, _, since = text.partition("|")
+        if running == 0 or not since or float(last_generated) != generated:
+            client.hset(PROBE_PROGRESS, field, f"{generated}|{now}")
+            return ""
+    except (RedisError, ValueError):
+        return ""  # bookkeeping unavailable: /health decides alone
+    silent = now - float(since)
+    if silent < settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS:
+        return ""
+    return (
+        f"engine has {running:.0f} requests running and generated nothing for {silent:.0f} s "
+        "(its /health still answers: the engine core is stuck)"
+    )
 
 
 def _redis_now_ms() -> int | None:
@@ -180,6 +567,7 @@ def _adapters_reconcile(
                 f"{replica.url}/v1/unload_lora_adapter",
                 json={"lora_name": name},
                 timeout=timeout,
+                headers=engine_auth_headers(),
             )
             log.info("unloaded %s from %s (not served): %s", name, replica, answer.status_code)
     redis_sync().eval(
@@ -211,6 +599,7 @@ def adapter_retire(*, adapter_id: int, force: bool = False) -> bool:
                 f"{replica.url}/v1/unload_lora_adapter",
                 json={"lora_name": engine_name},
                 timeout=settings.INFERPLANE_PROBE_TIMEOUT_SECONDS,
+                headers=engine_auth_headers(),
             )
         except httpx.HTTPError as exc:  # the engine is away: its next probe unloads it
             log.info("could not unload %s from %s now: %s", engine_name, replica, exc)

@@ -1,3 +1,4 @@
+import logging
 from typing import Any
 
 from celery import shared_task
@@ -5,14 +6,31 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from inference.catalog import catalog_publish
-from inference.selectors import replica_list
-from inference.services import adapter_retire, replica_probe
+from inference.keycache import keycache_outbox_flush
+from inference.models import Pool
+from inference.selectors import pool_list, replica_list
+from inference.services import adapter_retire, pool_discovery_sync, replica_probe
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(ignore_result=True)
+def keycache_outbox_flush_task() -> int:
+    """Key and tenant changes the gateways' caches have not yet been told about."""
+    return keycache_outbox_flush()
 
 
 @shared_task
 def replicas_probe_all() -> None:
-    """Probe every replica, then publish the catalog (which also heals a flushed Redis)."""
-    for replica in replica_list():
+    """Resolve the DNS pools' names (new addresses become replicas, vanished ones drain and
+    go), probe every replica, then publish the catalog (which also heals a flushed Redis)."""
+    for pool in pool_list().filter(discovery=Pool.Discovery.DNS):
+        try:
+            pool_discovery_sync(pool=pool)
+        except Exception:  # one pool's trouble must not stop the others' probes
+            log.exception("discovery of pool %s failed", pool.name)
+    # Replicas whose address vanished are leaving: nothing to learn from probing them.
+    for replica in replica_list().filter(vanished_at__isnull=True):
         replica_probe(replica=replica)
     catalog_publish()
 

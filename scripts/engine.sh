@@ -12,23 +12,37 @@ export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
 export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}"
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# The engine answers /v1 only to whoever sends this key (the gateway, the workers and the
+# probes send INFERPLANE_ENGINE_API_KEY; `make run` generates one into var/engine-api-key).
+if [[ -n "${INFERPLANE_ENGINE_API_KEY:-}" ]]; then
+  export VLLM_API_KEY="$INFERPLANE_ENGINE_API_KEY"
+fi
 # Keep idle connections longer than the gateway's pool does (60 s), so the gateway never
 # sends a request on a connection the engine is closing.
 export VLLM_HTTP_TIMEOUT_KEEP_ALIVE="${VLLM_HTTP_TIMEOUT_KEEP_ALIVE:-75}"
-# Started in a session of its own (honcho and the test fixtures do that), the engine gets its
-# own scheduler autogroup, and on these 2-core VMs a busy engine group then starves every
-# other process — gateway, clients, tests — for 1-2 s at a time (measured: a 10 ms sleep loop
-# elsewhere overslept by 1.2-2.0 s while one 1000-token stream ran). Lowering the group's
-# weight (autogroup nice 10) removed the stalls and left 64-stream throughput unchanged.
-# Only for a session of its own: run from a terminal, it would renice that whole terminal.
-if [[ "$(ps -o sid= -p $$ | tr -d ' ')" == "$$" && -w /proc/self/autogroup ]]; then
-  echo "${ENGINE_AUTOGROUP_NICE:-10}" > /proc/self/autogroup 2>/dev/null || true
+# The engine's CPU threads share the machine's cores with the gateway, and on these 2-core VMs
+# a busy engine starves everything else for 1-2 s at a time unless its scheduling weight is
+# lowered (measured under `make run`: a 1-token request beside two long streams took p90 3.2 s
+# at nice 0, 40 ms reniced). With the kernel's autogroups (the default), CPU is shared between
+# *sessions*, so the nice that counts is the session's autogroup: lowered here whenever this
+# session is the engine's own — it leads it (the test fixtures, bench), or the session has no
+# terminal (honcho and Procfile runners start `sh -c` as the leader, with the engine its only
+# other member). A terminal's session is shared with the person's shell, so it is left alone
+# there (start it with `setsid scripts/engine.sh PORT` to get the same). The process itself
+# also runs at nice ENGINE_NICE, which is what counts where autogroups are off or shared.
+nice_level="${ENGINE_NICE:-10}"
+sid="$(ps -o sid= -p $$ | tr -d ' ')"
+tty="$(ps -o tty= -p $$ | tr -d ' ')"
+if [[ -w /proc/self/autogroup && ( "$sid" == "$$" || "$tty" == "?" ) ]]; then
+  echo "$nice_level" > /proc/self/autogroup 2>/dev/null || true
+elif [[ -t 2 ]]; then
+  echo "engine.sh: sharing this terminal's scheduler group; for full isolation run it with setsid" >&2
 fi
 # --distributed-executor-backend uni: the worker runs inside the engine-core process. On two
 # shared cores, vLLM's separate worker process handing every step back and forth stalls for
 # whole scheduler slices (measured: 64 concurrent streams took 1.2 s to 20 s; with uni,
 # 2.2 s to 4 s).
-exec "$python" -m vllm.entrypoints.openai.api_server \
+exec nice -n "$nice_level" "$python" -m vllm.entrypoints.openai.api_server \
   --model "$model" \
   --served-model-name "${SERVED_MODEL_NAME:-tiny-chat}" \
   --host 127.0.0.1 --port "$port" \

@@ -69,7 +69,9 @@ def invitation_list_open(*, tenant: Tenant) -> QuerySet[Invitation]:
 
 
 def invitation_get(*, tenant: Tenant, invitation_id: int) -> Invitation:
-    return Invitation.objects.select_related("tenant").get(tenant=tenant, id=invitation_id)
+    return Invitation.objects.select_related("tenant", "created_by").get(
+        tenant=tenant, id=invitation_id
+    )
 
 
 def membership_owner_count(*, tenant: Tenant) -> int:

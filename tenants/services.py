@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import secrets
 import shutil
 import tempfile
@@ -19,11 +20,12 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.files import File
 from django.core.files.storage import default_storage
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
 from inference.models import Model
 from tenants import lora
+from tenants.access import ROLE_PERMS, Perm
 from tenants.keys import key_generate
 from tenants.models import (
     Adapter,
@@ -37,6 +39,8 @@ from tenants.models import (
     User,
     adapter_name_validator,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -82,10 +86,9 @@ def _apply_limits(obj: LimitFields, limits: Mapping[str, int | None]) -> dict[st
 
 def _tenant_changed(tenant: Tenant) -> None:
     """Status, weight and limits are cached with every key of the tenant: drop them all."""
-    from inference.keycache import tenant_invalidate_publish
+    from inference.keycache import keycache_invalidate
 
-    tenant_id = tenant.pk
-    transaction.on_commit(lambda: tenant_invalidate_publish(tenant_id=tenant_id))
+    keycache_invalidate(tenant_id=tenant.pk)
 
 
 # --- Tenants -----------------------------------------------------------------------------
@@ -172,6 +175,8 @@ def _check_owner_rules(*, actor_role: str | None, roles_touched: Sequence[str]) 
 def membership_add(
     *, tenant: Tenant, user: User, role: str, actor: User | None, actor_role: str | None
 ) -> Membership:
+    """For commands and platform code (``seed_demo``). People join a tenant only by
+    accepting an invitation (``invitation_accept``): nobody is added behind their back."""
     _check_owner_rules(actor_role=actor_role, roles_touched=[role])
     if Membership.objects.filter(tenant=tenant, user=user).exists():
         raise ValidationError({"user": f"{user.get_username()} is already a member."})
@@ -215,6 +220,9 @@ def membership_change_role(
         target=membership,
         details={"user": membership.user.get_username(), "role": [old, role]},
     )
+    _invitations_revoke_ungrantable(
+        tenant=membership.tenant, inviter=membership.user, role=role, actor=actor
+    )
     return membership
 
 
@@ -231,6 +239,9 @@ def membership_remove(
         action="member.remove",
         target=membership,
         details={"user": membership.user.get_username(), "role": membership.role},
+    )
+    _invitations_revoke_ungrantable(
+        tenant=membership.tenant, inviter=membership.user, role=None, actor=actor
     )
     membership.delete()
 
@@ -250,6 +261,70 @@ class IssuedInvitation:
 
 def _invitation_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+INVITATION_INVALID = "This invitation link is no longer valid (used, revoked or expired)."
+INVITER_GONE = "This invitation link is no longer valid: whoever sent it may no longer invite."
+
+
+def _roles_grantable(role: str | None) -> frozenset[str]:
+    """The roles a member with ``role`` may invite to (None: not a member, so none)."""
+    if role is None or Perm.MEMBERS_MANAGE not in ROLE_PERMS[role]:
+        return frozenset()
+    if role == Role.OWNER:
+        return frozenset(Role.values)
+    return frozenset(Role.values) - {Role.OWNER}
+
+
+def _inviter_may_grant(invitation: Invitation) -> bool:
+    """Whether whoever created ``invitation`` may still invite someone with its role: an
+    active staff member, or a member whose role may grant it. An invitation speaks for its
+    sender, so it is worth no more than the sender's own rights now."""
+    inviter = invitation.created_by
+    if inviter is None or not inviter.is_active:
+        return False
+    if inviter.is_staff:
+        return True
+    role = (
+        Membership.objects.filter(tenant_id=invitation.tenant_id, user=inviter)
+        .values_list("role", flat=True)
+        .first()
+    )
+    return invitation.role in _roles_grantable(role)
+
+
+def _invitations_revoke_ungrantable(
+    *, tenant: Tenant, inviter: User, role: str | None, actor: User | None
+) -> None:
+    """Revoke the open invitations ``inviter`` sent that their new ``role`` (None: they
+    left or were removed) may no longer grant. Staff invite as staff: theirs stay."""
+    if inviter.is_staff:
+        return
+    now = timezone.now()
+    pending = (
+        Invitation.objects.select_for_update()
+        .filter(
+            tenant=tenant,
+            created_by=inviter,
+            accepted_at__isnull=True,
+            revoked_at__isnull=True,
+            expires_at__gt=now,
+        )
+        .exclude(role__in=_roles_grantable(role))
+    )
+    for invitation in pending:
+        invitation.revoked_at = now
+        invitation.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=actor,
+            tenant=tenant,
+            action="invitation.revoke",
+            target=invitation,
+            details={
+                "role": invitation.role,
+                "reason": "inviter removed" if role is None else f"inviter now {role}",
+            },
+        )
 
 
 @transaction.atomic
@@ -278,13 +353,16 @@ def invitation_create(
 
 
 def invitation_find(*, token: str) -> Invitation | None:
-    """The open invitation a link carries, if any (used, revoked, expired or made up: None)."""
+    """The open invitation a link carries, if any (used, revoked, expired, made up, or sent
+    by someone who may no longer invite: None)."""
     invitation = (
         Invitation.objects.select_related("tenant")
         .filter(token_hash=_invitation_digest(token))
         .first()
     )
-    return invitation if invitation is not None and invitation.is_open else None
+    if invitation is None or not invitation.is_open or not _inviter_may_grant(invitation):
+        return None
+    return invitation
 
 
 @transaction.atomic
@@ -297,9 +375,9 @@ def invitation_accept(*, token: str, user: User) -> Membership:
         .first()
     )
     if invitation is None or not invitation.is_open:
-        raise ValidationError(
-            "This invitation link is not valid any more (used, revoked or expired)."
-        )
+        raise ValidationError(INVITATION_INVALID)
+    if not _inviter_may_grant(invitation):
+        raise ValidationError(INVITER_GONE)
     if Membership.objects.filter(tenant=invitation.tenant, user=user).exists():
         raise ValidationError(f"You are already a member of {invitation.tenant.name}.")
     membership = Membership.objects.create(
@@ -334,10 +412,9 @@ def invitation_revoke(*, invitation: Invitation, actor: User | None) -> Invitati
 
 def _key_changed(api_key: ApiKey) -> None:
     """Tell every web process to drop what it cached about this key, once committed."""
-    from inference.keycache import key_invalidate_publish
+    from inference.keycache import keycache_invalidate
 
-    prefix = api_key.prefix
-    transaction.on_commit(lambda: key_invalidate_publish(prefix=prefix))
+    keycache_invalidate(prefix=api_key.prefix)
 
 
 @transaction.atomic
@@ -501,13 +578,19 @@ def adapter_upload(
             }
         )
     adapter_name_validator(name)
-    Tenant.objects.select_for_update().filter(pk=tenant.pk).first()  # versions in order
+    # The tenant's row lock puts versions in order and makes the quota check exact.
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
     latest = Adapter.objects.filter(tenant=tenant, name=name).aggregate(v=Max("version"))["v"]
+    size = sum(upload.size or 0 for upload in files.values())
+    _adapter_quota_check(tenant=tenant, size=size)
     staging = _adapter_staging()
-    size = 0
-    for part, upload in files.items():
-        size += upload.size or 0
-        default_storage.save(staging + part, upload)
+    try:
+        for part, upload in files.items():
+            default_storage.save(staging + part, upload)
+    except Exception:
+        with contextlib.suppress(Exception):  # what reached the storage before it failed
+            _storage_remove(staging)
+        raise
     adapter = Adapter.objects.create(
         tenant=tenant,
         name=name,
@@ -529,6 +612,34 @@ def adapter_upload(
     return adapter
 
 
+def _adapter_quota_check(*, tenant: Tenant, size: int) -> None:
+    """Refuse an upload that would take the tenant past its adapter quota. Every version not
+    deleted counts, rejected ones too (they stay listed until deleted), but only the bytes
+    kept count: a ready version's stored files, a validating one's staged upload."""
+    held = Adapter.objects.filter(tenant=tenant, deleted_at__isnull=True).aggregate(
+        versions=Count("pk"),
+        bytes=Sum("size_bytes", filter=~Q(status=Adapter.Status.REJECTED), default=0),
+    )
+    max_versions = settings.ADAPTER_MAX_VERSIONS_PER_TENANT
+    if held["versions"] >= max_versions:
+        raise ValidationError(
+            {
+                "non_field_errors": f"{tenant.name} already keeps {held['versions']:,} adapter "
+                f"versions, the most allowed ({max_versions:,}). Delete versions no longer "
+                "needed (rejected ones count too), then upload again."
+            }
+        )
+    max_bytes = settings.ADAPTER_MAX_BYTES_PER_TENANT
+    if held["bytes"] + size > max_bytes:
+        raise ValidationError(
+            {
+                "non_field_errors": f"This upload ({size:,} bytes) would bring {tenant.name}'s "
+                f"adapters to {held['bytes'] + size:,} bytes, over the quota of "
+                f"{max_bytes:,} bytes. Delete versions no longer needed, then upload again."
+            }
+        )
+
+
 def _staged_copy(staging: str, workdir: Path) -> dict[str, Path]:
     """The staged upload as local files (storage may be S3), archives unpacked safely."""
     local: dict[str, Path] = {}
@@ -547,20 +658,22 @@ def _staged_copy(staging: str, workdir: Path) -> dict[str, Path]:
 
 def adapter_validate(*, adapter_id: int) -> Adapter:
     """Check the staged upload against the base models that serve LoRA; keep it
-    content-addressed if it passes. Either way the staging area is emptied."""
+    content-addressed if it passes. Either way the staging area is emptied.
+
+    Content that cannot be served ends here, rejected with the reason. Anything else
+    (storage unreachable, database gone) raises and keeps the staging area, so that the
+    task can run again; it gives up after a bounded number of tries (``adapter_reject``).
+    """
     adapter = Adapter.objects.select_related("tenant").get(pk=adapter_id)
     if adapter.status != Adapter.Status.VALIDATING:
         return adapter
-    # The staging area is emptied once there is a verdict; an unexpected failure (storage
-    # unreachable) keeps it, so that the task can simply run again.
     staging = adapter.staging_path
     with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
         try:
             files = _staged_copy(staging, Path(tmp))
             model, info = _validate_against_models(files)
         except lora.Rejected as exc:
-            _storage_remove(staging)
-            return _adapter_reject(adapter, str(exc))
+            return adapter_reject(adapter_id=adapter.pk, reason=str(exc))
         digest = hashlib.sha256()
         for part in (lora.CONFIG, lora.WEIGHTS):
             with files[part].open("rb") as f:
@@ -574,12 +687,19 @@ def adapter_validate(*, adapter_id: int) -> Adapter:
                     default_storage.save(home + part, File(f))
     size = sum(default_storage.size(home + p) for p in (lora.CONFIG, lora.WEIGHTS))
     with transaction.atomic():
-        # Deleted while it was being validated: keep nothing (and never bring it back).
+        # Deleted, or given up on by the sweep, while it was being validated: keep nothing
+        # (and never bring it back).
         adapter = Adapter.objects.select_for_update().select_related("tenant").get(pk=adapter.pk)
-        if adapter.deleted_at is not None:
+        if adapter.deleted_at is not None or adapter.status != Adapter.Status.VALIDATING:
+            if adapter.status == Adapter.Status.VALIDATING:
+                adapter.status = Adapter.Status.REJECTED
+                adapter.reason = "Deleted while it was being validated."
+                adapter.validated_at = timezone.now()
+                adapter.save(update_fields=_VERDICT_FIELDS)
+            gone = adapter
 
             def discard() -> None:
-                _storage_remove(staging)
+                _staging_discard(gone)
                 _files_unshared(sha)
 
             transaction.on_commit(discard)
@@ -591,7 +711,6 @@ def adapter_validate(*, adapter_id: int) -> Adapter:
         adapter.target_modules = list(info.target_modules)
         adapter.size_bytes = size
         adapter.validated_at = timezone.now()
-        adapter.staging_path = ""
         adapter.save(
             update_fields=[
                 *_VERDICT_FIELDS,
@@ -610,7 +729,7 @@ def adapter_validate(*, adapter_id: int) -> Adapter:
         target=adapter,
         details={"sha256": sha, "rank": info.rank, "base_model": model.name},
     )
-    _storage_remove(staging)
+    _staging_discard(adapter)
     from inference.catalog import catalog_publish
 
     transaction.on_commit(catalog_publish)  # servable from now on
@@ -639,23 +758,70 @@ def _validate_against_models(files: dict[str, Path]) -> tuple[Model, lora.Adapte
     raise lora.Rejected(problems[0])
 
 
-_VERDICT_FIELDS = ["status", "reason", "staging_path", "validated_at"]
+# Not deleted_at (a delete meanwhile stands), nor staging_path: it is cleared once the
+# staging area is really gone (``_staging_discard``).
+_VERDICT_FIELDS = ["status", "reason", "validated_at"]
 
 
-def _adapter_reject(adapter: Adapter, reason: str) -> Adapter:
-    adapter.status = Adapter.Status.REJECTED
-    adapter.reason = reason[:500]
-    adapter.staging_path = ""
-    adapter.validated_at = timezone.now()
-    adapter.save(update_fields=_VERDICT_FIELDS)  # not deleted_at: a delete meanwhile stands
-    audit_record(
-        actor=None,
-        tenant=adapter.tenant,
-        action="adapter.rejected",
-        target=adapter,
-        details={"reason": adapter.reason},
-    )
+def adapter_reject(*, adapter_id: int, reason: str) -> Adapter:
+    """The verdict for a version that will not be served, with ``reason`` for the person who
+    uploaded it; its staging area goes. A version that already has a verdict keeps it."""
+    with transaction.atomic():
+        adapter = Adapter.objects.select_for_update().select_related("tenant").get(pk=adapter_id)
+        if adapter.status != Adapter.Status.VALIDATING:
+            return adapter
+        adapter.status = Adapter.Status.REJECTED
+        adapter.reason = reason[:500]
+        adapter.validated_at = timezone.now()
+        adapter.save(update_fields=_VERDICT_FIELDS)
+        audit_record(
+            actor=None,
+            tenant=adapter.tenant,
+            action="adapter.rejected",
+            target=adapter,
+            details={"reason": adapter.reason},
+        )
+    _staging_discard(adapter)
     return adapter
+
+
+def adapters_stuck_reject() -> int:
+    """The periodic sweep: reject the versions still ``validating`` after
+    ADAPTER_VALIDATION_DEADLINE_MINUTES (a worker killed at the hard time limit or lost, a
+    task message lost with Redis), and empty the staging areas that storage failed to give
+    up at the verdict. Returns how many versions it rejected."""
+    minutes = settings.ADAPTER_VALIDATION_DEADLINE_MINUTES
+    stuck = list(
+        Adapter.objects.filter(
+            status=Adapter.Status.VALIDATING,
+            created_at__lt=timezone.now() - timedelta(minutes=minutes),
+        ).values_list("pk", flat=True)
+    )
+    for adapter_id in stuck:
+        adapter_reject(
+            adapter_id=adapter_id,
+            reason=f"Validation did not finish within {minutes} minutes (not because of the "
+            "adapter); upload it again.",
+        )
+    leftovers = Adapter.objects.exclude(status=Adapter.Status.VALIDATING).exclude(staging_path="")
+    for adapter in leftovers[:500]:
+        _staging_discard(adapter)
+    return len(stuck)
+
+
+def _staging_discard(adapter: Adapter) -> None:
+    """Empty a version's staging area once it has a verdict. Storage that fails now leaves
+    ``staging_path`` set, for the periodic sweep to try again."""
+    staging = adapter.staging_path
+    if not staging:
+        return
+    try:
+        _storage_remove(staging)
+    except Exception:
+        logger.warning("adapter %s: staging %s not removed", adapter.pk, staging, exc_info=True)
+        return
+    Adapter.objects.filter(pk=adapter.pk, staging_path=staging).update(staging_path="")
+    adapter.staging_path = ""
 
 
 def _storage_remove(prefix: str) -> None:

@@ -18,11 +18,6 @@ urlpatterns = [
     ),
     path("tenants/<slug:slug>/members/", apis.MemberListApi.as_view(), name="member-list"),
     path(
-        "tenants/<slug:slug>/members/create/",
-        apis.MemberCreateApi.as_view(),
-        name="member-create",
-    ),
-    path(
         "tenants/<slug:slug>/members/<int:membership_id>/update/",
         apis.MemberUpdateApi.as_view(),
         name="member-update",
@@ -32,6 +27,22 @@ urlpatterns = [
         apis.MemberRemoveApi.as_view(),
         name="member-remove",
     ),
+    path(
+        "tenants/<slug:slug>/invitations/",
+        apis.InvitationListApi.as_view(),
+        name="invitation-list",
+    ),
+    path(
+        "tenants/<slug:slug>/invitations/create/",
+        apis.InvitationCreateApi.as_view(),
+        name="invitation-create",
+    ),
+    path(
+        "tenants/<slug:slug>/invitations/<int:invitation_id>/revoke/",
+        apis.InvitationRevokeApi.as_view(),
+        name="invitation-revoke",
+    ),
+    path("invitations/accept/", apis.InvitationAcceptApi.as_view(), name="invitation-accept"),
     path("tenants/<slug:slug>/keys/", apis.ApiKeyListApi.as_view(), name="key-list"),
     path("tenants/<slug:slug>/keys/create/", apis.ApiKeyCreateApi.as_view(), name="key-create"),
     path(

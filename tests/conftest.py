@@ -24,6 +24,15 @@ from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytest_plugins = ["tests.engines", "tests.live", "tests.serving"]
 
+
+@pytest.fixture(autouse=True, scope="session")
+def _engine_api_key() -> None:
+    """The engines the tests start require a key (tests.engines); so does this process."""
+    from tests.engines import ENGINE_API_KEY
+
+    settings.INFERPLANE_ENGINE_API_KEY = ENGINE_API_KEY
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -37,7 +46,8 @@ def _fast_password_hashing(settings: Any) -> None:
 def _clean_redis() -> Iterator[None]:
     """Each test starts with an empty Redis database (the tests' own, never make run's)."""
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
-    assert settings.REDIS_URL.rstrip("/").endswith("/15"), "tests must use their own Redis db"
+    db = settings.REDIS_URL.rstrip("/").rpartition("/")[2]
+    assert db.isdigit() and int(db) >= 10, "tests must use a Redis db of their own (10-15)"
     client.flushdb()
     yield
     client.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -10,12 +11,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = ROOT / "var" / "test-logs"
+# The tests' engines require an API key, as deployed engines do: tests/conftest.py gives it
+# to the test process's settings, tests.live to the live stacks.
+ENGINE_API_KEY = "inferplane-test-engine-key"
+ENGINE_HEADERS = {"authorization": f"Bearer {ENGINE_API_KEY}"}
 START_TIMEOUT = float(os.environ.get("ENGINE_START_TIMEOUT", "300"))
 
 
@@ -70,17 +76,30 @@ class Engine:
                 self.kill()
 
 
+def engine_command(port: int, *extra_args: str) -> str:
+    """The shell command that starts an engine, as a Procfile line does."""
+    return shlex.join([str(ROOT / "scripts" / "engine.sh"), str(port), *extra_args])
+
+
+def engine_popen(command: str, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start an engine exactly as ``make run``'s process manager (honcho) does: through
+    ``sh -c`` in a session of its own, so the tests see the scheduling ``make run`` gets."""
+    return subprocess.Popen(  # noqa: S602 - our own command line, as in the Procfile
+        command,
+        shell=True,
+        env={**os.environ, "INFERPLANE_ENGINE_API_KEY": ENGINE_API_KEY},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: stop() reaches vLLM's children
+    )
+
+
 def engine_start(*extra_args: str, port: int | None = None) -> Engine:
     port = port or free_port()
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log_path = LOG_DIR / f"engine-{port}.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [str(ROOT / "scripts" / "engine.sh"), str(port), *extra_args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stop() reaches vLLM's children
-        )
+        process = engine_popen(engine_command(port, *extra_args), log)
     return Engine(port=port, process=process, log_path=log_path, extra_args=extra_args)
 
 

@@ -22,7 +22,7 @@ import pytest
 from django.conf import settings
 from openai import AsyncOpenAI, OpenAI
 
-from tests.engines import LOG_DIR, ROOT, Engine, free_port
+from tests.engines import ENGINE_API_KEY, LOG_DIR, ROOT, Engine, free_port
 
 
 @dataclass
@@ -71,6 +71,7 @@ def stack_start(
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url or settings.REDIS_URL,
         "INFERPLANE_PROBE_INTERVAL_SECONDS": "2",
+        "INFERPLANE_ENGINE_API_KEY": ENGINE_API_KEY,
         **(extra_env or {}),
     }
     stack = Stack(url=f"http://127.0.0.1:{port}", env=env)
@@ -100,6 +101,10 @@ def stack_start(
                 "-A",
                 "controlplane",
                 "worker",
+                # One process for both queues: a second worker for "adapters" would cost
+                # another Celery start and ~100 MB on every stack, for no test that needs it.
+                "-Q",
+                "celery,adapters",
                 "-l",
                 "warning",
                 "--concurrency",

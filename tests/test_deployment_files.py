@@ -369,15 +369,209 @@ def test_engines_are_vllm_with_a_gpu_and_runtime_lora(pool: str) -> None:
     assert "terminationGracePeriodSeconds" in pod
 
 
-def test_engines_have_per_replica_dns() -> None:
-    # The control plane routes to each replica itself: no load-balancing VIP in between.
+@pytest.mark.parametrize("pool", ["online", "batch"])
+def test_engines_are_discovered_through_a_headless_service(pool: str) -> None:
+    # The control plane routes to each replica itself: no load-balancing VIP in between. The
+    # pool's DNS discovery resolves the headless Service: every ready pod is a replica.
     docs = _base_docs()
+    engine = _engine(docs, pool)
+    service = _find(docs, "Service", f"vllm-{pool}")
+    assert service["spec"].get("clusterIP") == "None"
+    # A terminating pod must leave the name (that is what drains it), so only ready pods.
+    assert not service["spec"].get("publishNotReadyAddresses", False)
+    labels = engine["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert labels["inferplane.io/pool"] == pool
+    # Replaced at once when a (spot) node is lost, new pods registered by discovery.
+    assert engine["kind"] == "Deployment"
+    (port,) = service["spec"]["ports"]
+    (container,) = _pod_spec(engine)["containers"]
+    assert port["port"] == 8000 and "--port=8000" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DRAIN_SERVICE"]["value"] == service["metadata"]["name"]
+
+
+def _env_seconds(container: Doc, name: str) -> int:
+    (item,) = [e for e in container["env"] if e["name"] == name]
+    return int(item["value"])
+
+
+@pytest.mark.parametrize("pool", ["online", "batch"])
+def test_engines_drain_before_they_stop(pool: str) -> None:
+    docs = _base_docs()
+    pod = _pod_spec(_engine(docs, pool))
+    (container,) = pod["containers"]
+    timeouts = [a for a in container["args"] if a.startswith("--shutdown-timeout=")]
+    assert len(timeouts) == 1, "vLLM must let running requests finish on SIGTERM"
+    shutdown = int(timeouts[0].split("=", 1)[1])
+    assert shutdown > 0  # 0 aborts them
+
+    # The preStop hook is the drain script, mounted from its ConfigMap.
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    script = command[-1]
+    mount = next(m for m in container["volumeMounts"] if script.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    kustomization = _load_all(K8S / "base" / "kustomization.yaml")[0]
+    generator = next(
+        g for g in kustomization["configMapGenerator"] if g["name"] == volume["configMap"]["name"]
+    )
+    assert any(Path(f).name == Path(script).name for f in generator["files"])
+    pod_ip = next(e for e in container["env"] if e["name"] == "POD_IP")
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+    # Waiting one probe round: the control plane must have marked the replica draining.
+    config = (K8S / "base" / "config" / "app.env").read_text()
+    interval = re.search(r"^INFERPLANE_PROBE_INTERVAL_SECONDS=(\d+)$", config, flags=re.M)
+    assert interval, "app.env must set the probe interval the engines' drain waits for"
+    assert _env_seconds(container, "DRAIN_PROBE_SECONDS") > int(interval.group(1))
+
+    bound = sum(
+        _env_seconds(container, name)
+        for name in ("DRAIN_DNS_SECONDS", "DRAIN_PROBE_SECONDS", "DRAIN_IDLE_SECONDS")
+    )
+    assert pod["terminationGracePeriodSeconds"] >= bound + shutdown, (
+        f"vllm-{pool}: grace {pod['terminationGracePeriodSeconds']}s < preStop {bound}s "
+        f"+ shutdown {shutdown}s"
+    )
+    if pool == "batch":  # inside the usual 30 s spot preemption notice
+        assert pod["terminationGracePeriodSeconds"] <= 30
+
+
+def _secret_ref(container: Doc, name: str) -> Doc | None:
+    for item in container.get("env", []):
+        if item["name"] == name:
+            ref: Doc = item["valueFrom"]["secretKeyRef"]
+            return ref
+    return None
+
+
+def test_engines_require_the_api_key_the_gateway_sends() -> None:
+    docs = _base_docs()
+    expected = {"name": "inferplane-secrets", "key": "INFERPLANE_ENGINE_API_KEY"}
     for pool in ("online", "batch"):
-        engine = _engine(docs, pool)
-        service = _find(docs, "Service", f"vllm-{pool}")
-        assert service["spec"].get("clusterIP") == "None"
-        assert engine["kind"] == "StatefulSet"
-        assert engine["spec"]["serviceName"] == f"vllm-{pool}"
+        (engine,) = _pod_spec(_engine(docs, pool))["containers"]
+        ref = _secret_ref(engine, "VLLM_API_KEY")
+        assert ref is not None and ref.items() >= expected.items(), pool
+        assert not ref.get("optional", False), "an engine without its key is open to anyone"
+    for name, container_name in (("inferplane-web", "web"), ("inferplane-worker", "worker")):
+        pod = _pod_spec(_find(docs, "Deployment", name))
+        container = next(c for c in pod["containers"] if c["name"] == container_name)
+        ref = _secret_ref(container, "INFERPLANE_ENGINE_API_KEY")
+        assert ref is not None and ref.items() >= expected.items(), name
+    example = (PRODUCTION / "secrets.env.example").read_text()
+    assert re.search(r"^INFERPLANE_ENGINE_API_KEY=", example, flags=re.M)
+
+
+def _selects(selector: Doc, labels: dict[str, str]) -> bool:
+    return bool(selector.get("matchLabels", {}).items() <= labels.items())
+
+
+def test_only_web_and_worker_pods_reach_the_engines() -> None:
+    docs = _base_docs()
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    spec = policy["spec"]
+    assert "Ingress" in spec["policyTypes"]
+    pods = {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+        for d in docs
+        if d["kind"] in WORKLOAD_KINDS
+    }
+    engines = {name for name in pods if name.startswith("vllm-")}
+    assert engines == {"vllm-online", "vllm-batch"}
+    selected = {name for name, labels in pods.items() if _selects(spec["podSelector"], labels)}
+    assert selected == engines
+    (rule,) = spec["ingress"]
+    allowed = {
+        name
+        for name, labels in pods.items()
+        for peer in rule["from"]
+        if set(peer) == {"podSelector"} and _selects(peer["podSelector"], labels)
+    }
+    assert allowed == {"inferplane-web", "inferplane-worker"}
+    assert [p["port"] for p in rule["ports"]] == [8000]
+
+
+def _metrics_server(answers: list[float]) -> tuple[Any, list[str]]:
+    """A stand-in for an engine's /metrics: vllm:num_requests_running is each answer in
+    turn (then the last one), waiting always 0."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            running = answers[min(len(seen), len(answers)) - 1]
+            body = (
+                "# HELP vllm:num_requests_running Requests running.\n"
+                f'vllm:num_requests_running{{engine="0",model_name="m"}} {running}\n'
+                'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n'
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def _drain(**env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    import os
+    import time
+
+    started = time.monotonic()
+    result = subprocess.run(
+        ["sh", str(K8S / "base" / "config" / "engine-drain.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": os.environ["PATH"], "DRAIN_PROBE_SECONDS": "0", **env},
+    )
+    return result, time.monotonic() - started
+
+
+def test_the_drain_hook_waits_while_in_dns_then_until_the_engine_is_idle() -> None:
+    server, seen = _metrics_server([2.0, 1.0, 1.0, 0.0])
+    try:
+        result, took = _drain(
+            POD_IP="127.0.0.1",  # still published: localhost resolves to it
+            DRAIN_SERVICE="localhost",
+            DRAIN_DNS_SECONDS="2",
+            DRAIN_IDLE_SECONDS="30",
+            DRAIN_ENGINE_PORT=str(server.server_address[1]),
+        )
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr
+    assert "still in DNS" in result.stdout
+    assert "requests running or waiting: 0.0" in result.stdout
+    assert len(seen) == 4 and set(seen) == {"/metrics"}
+    assert 2 + 3 <= took < 20  # the DNS bound, then three busy answers a second apart
+
+
+def test_the_drain_hook_is_bounded() -> None:
+    server, _ = _metrics_server([1.0])  # never idle
+    try:
+        result, took = _drain(
+            POD_IP="192.0.2.1",  # not (or no longer) an address of the name
+            DRAIN_SERVICE="localhost",
+            DRAIN_DNS_SECONDS="30",
+            DRAIN_IDLE_SECONDS="2",
+            DRAIN_ENGINE_PORT=str(server.server_address[1]),
+        )
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr
+    assert "192.0.2.1 out of localhost" in result.stdout
+    assert "requests running or waiting: 1.0" in result.stdout
+    assert took < 10
 
 
 def test_beat_is_a_singleton() -> None:
@@ -482,7 +676,7 @@ def test_production_overlay_builds(tmp_path: Path) -> None:
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
 
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "StatefulSet", "Job", "Service", "ConfigMap", "Secret"} <= kinds
+    assert {"Deployment", "Job", "Service", "ConfigMap", "Secret", "NetworkPolicy"} <= kinds
     for doc in docs:
         if doc["kind"] != "Namespace":
             assert doc["metadata"].get("namespace") == "inferplane", doc["metadata"]["name"]
@@ -498,6 +692,19 @@ def test_production_overlay_builds(tmp_path: Path) -> None:
         if doc["kind"] in WORKLOAD_KINDS:
             for container in _containers(_pod_spec(doc)):
                 assert container["image"] != APP_IMAGE, doc["metadata"]["name"]
+
+    # The engines' preStop script follows its generated ConfigMap's hashed name.
+    (drain,) = [
+        d
+        for d in docs
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("inferplane-engine-drain")
+    ]
+    assert "engine-drain.sh" in drain["data"]
+    for pool in ("online", "batch"):
+        volumes = _pod_spec(_find(docs, "Deployment", f"vllm-{pool}"))["volumes"]
+        names = {v["configMap"]["name"] for v in volumes if "configMap" in v}
+        assert names == {drain["metadata"]["name"]}, pool
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"} >= {"vllm-engines"}
 
     # KEDA owns the worker's replica count, the HPA the web's.
     worker = _find(docs, "Deployment", "inferplane-worker")

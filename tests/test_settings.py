@@ -34,6 +34,12 @@ def test_production_refuses_to_start_without_a_secret_key() -> None:
     assert "SECRET_KEY must be set when INFERPLANE_ENV=production" in result.stderr
 
 
+def test_production_refuses_debug() -> None:
+    result = run_manage("check", env={**PRODUCTION, "DEBUG": "1"})
+    assert result.returncode != 0
+    assert "DEBUG must be off when INFERPLANE_ENV=production" in result.stderr
+
+
 def test_bad_values_fail_loudly() -> None:
     result = run_manage("check", env={"DEBUG": "maybe"})
     assert result.returncode != 0

@@ -7,11 +7,16 @@ Per pool, under one hash tag (``ip:{p:<pool>}:``):
   holds         zset   "tenant|replica|rid" -> expiry: slots kept for a returning tenant
   backlog       zset   backlogged tenants, scored by counter
   q:<tenant>    list   that tenant's waiting request ids (``fcfs``: one list for all)
-  req:<rid>     hash   tenant, weight, estimate, process, prefix, deadline, state, replica
+  req:<rid>     hash   tenant, weight, estimate, sequences, process, prefix, deadline, state,
+                       replica
   inflight      zset   admitted request ids by lease expiry (renewed while they run)
   replicas      hash   ready replica id -> capacity (``catalog_publish`` writes it)
-  rload         hash   replica id -> requests in flight
+  rload         hash   replica id -> sequences in flight (a request runs prompts x n of them)
   grants:<proc> list   admitted request ids for the web process that holds the connection
+
+Capacity counts sequences, not requests: a request of 8 prompts with n=2 takes 16 of a
+replica's ``max_inflight`` slots (one larger than a replica is refused before it gets here),
+so no request shape can put more work on an engine than its share.
 
 Admitting picks the backlogged tenant with the smallest counter, charges it
 ``w_in·prompt_estimate / weight`` and routes the request (least loaded replica; among
@@ -52,6 +57,10 @@ ROUTE_SLACK = 1  # replicas within this many requests of the least loaded count 
 HOLD_MS = 100  # how long a completed request's slot is kept for its tenant's next request
 TICK_SECONDS = 0.05  # how often a process with waiting requests releases expired holds
 IDLE_GRACE_MS = 1000  # a pause shorter than this between a tenant's requests is not idleness
+# A request that does not fit yet lets others that fit go past it for this long, then
+# waits for its room with nobody passing it; the next tenants looked at for one that fits.
+BACKFILL_MS = 2000
+BACKFILL_SCAN = 8
 
 _PRELUDE = """
 local base = KEYS[1]
@@ -61,9 +70,12 @@ local LEASE = tonumber(ARGV[1])
 local SLACK = tonumber(ARGV[2])
 local HOLD = __HOLD_MS__
 local IDLE_GRACE = __IDLE_GRACE_MS__
+local BACKFILL = __BACKFILL_MS__
+local BACKFILL_SCAN = __BACKFILL_SCAN__
 
-local function unload(rep)
-  if rep and redis.call('HINCRBY', base .. 'rload', rep, -1) < 0 then
+local function unload(rep, seqs)
+  local n = tonumber(seqs) or 1
+  if rep and n > 0 and redis.call('HINCRBY', base .. 'rload', rep, 0 - n) < 0 then
     redis.call('HSET', base .. 'rload', rep, 0)
   end
 end
@@ -78,22 +90,23 @@ end
 local function reap()
   local expired = redis.call('ZRANGEBYSCORE', base .. 'inflight', '-inf', now)
   for _, rid in ipairs(expired) do
-    local r = redis.call('HMGET', base .. 'req:' .. rid, 'replica', 'tenant')
-    unload(r[1])
+    local r = redis.call('HMGET', base .. 'req:' .. rid, 'replica', 'tenant', 'seqs')
+    unload(r[1], r[3])
     deactivate(r[2])
     redis.call('ZREM', base .. 'inflight', rid)
     redis.call('DEL', base .. 'req:' .. rid)
   end
   -- Slots held for a tenant that did not come back in time go to whoever waits.
   for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', '-inf', now)) do
-    local tenant, rep = string.match(h, '^([^|]*)|([^|]*)|')
-    unload(rep)
+    local tenant, rep, _, seqs = string.match(h, '^([^|]*)|([^|]*)|([^|]*)|?(%d*)$')
+    unload(rep, seqs)
     deactivate(tenant)
     redis.call('ZREM', base .. 'holds', h)
   end
 end
 
-local function pick_replica(prefix, adapter)
+local function pick_replica(prefix, adapter, seqs)
+  seqs = tonumber(seqs) or 1
   local reps = redis.call('HGETALL', base .. 'replicas')
   if #reps == 0 then return nil end
   local ids = {}
@@ -102,7 +115,7 @@ local function pick_replica(prefix, adapter)
   local open, minload = {}, nil
   for i = 1, #ids do
     local load = tonumber(loads[i] or '0')
-    if load < tonumber(reps[2 * i]) then
+    if load + seqs <= tonumber(reps[2 * i]) then
       open[#open + 1] = {ids[i], load}
       if minload == nil or load < minload then minload = load end
     end
@@ -178,31 +191,60 @@ end
 
 -- Admit while there is room. Grants go to the owning process's list, except self_rid's,
 -- whose replica is returned (the caller is waiting on this very script).
+-- A waiting request, behind the head, of one of the next backlogged tenants that fits now:
+-- {rid, tenant, list, replica}, or nil.
+local function backfill()
+  for _, tenant in ipairs(redis.call('ZRANGE', base .. 'backlog', 1, BACKFILL_SCAN)) do
+    local list = base .. 'q:' .. tenant
+    local rid = redis.call('LINDEX', list, 0)
+    if rid then
+      local r = redis.call('HMGET', base .. 'req:' .. rid, 'prefix', 'adapter', 'seqs', 'deadline')
+      if tonumber(r[4]) and tonumber(r[4]) > now then
+        local rep = pick_replica(r[1], r[2], r[3])
+        if rep then return {rid, tenant, list, rep} end
+      end
+    end
+  end
+  return nil
+end
+
+-- Admit while there is room. Grants go to the owning process's list, except self_rid's,
+-- whose replica is returned (the caller is waiting on this very script).
 local function dispatch(self_rid)
   local mine = nil
   while true do
     local n = next_request()
     if not n then break end
     local rid, tenant, list, kind = n[1], n[2], n[3], n[4]
+    local head = redis.call('HMGET', base .. 'req:' .. rid, 'prefix', 'adapter', 'seqs', 'since')
+    local rep = pick_replica(head[1], head[2], head[3])
+    if not rep then
+      -- The head wants more room than any replica has free. For a moment (BACKFILL) the
+      -- next tenants' requests that fit may go past it; after that nobody does, so the
+      -- room it needs frees up: a large request is never starved by smaller ones, and
+      -- smaller ones are not stopped at once by a large one.
+      if kind ~= 'vtc' or now - (tonumber(head[4]) or 0) >= BACKFILL then break end
+      local b = backfill()
+      if not b then break end
+      rid, tenant, list, rep = b[1], b[2], b[3], b[4]
+    end
     local key = base .. 'req:' .. rid
-    local r = redis.call('HMGET', key, 'weight', 'est', 'prefix', 'proc', 'adapter')
-    local rep = pick_replica(r[3], r[5])
-    if not rep then break end
+    local r = redis.call('HMGET', key, 'weight', 'est', 'proc', 'seqs')
     redis.call('LPOP', list)
     local cost = tonumber(r[2]) / tonumber(r[1])
     local c = redis.call('HINCRBYFLOAT', base .. 'counters', tenant, cost)
     if kind == 'vtc' and not leave_backlog_if_empty(tenant) then
       redis.call('ZADD', base .. 'backlog', c, tenant)
     end
-    redis.call('HINCRBY', base .. 'rload', rep, 1)
+    redis.call('HINCRBY', base .. 'rload', rep, tonumber(r[4]) or 1)
     redis.call('HINCRBY', base .. 'active', tenant, 1)
     redis.call('HSET', key, 'state', 'granted', 'replica', rep)
     redis.call('ZADD', base .. 'inflight', now + LEASE, rid)
     if rid == self_rid then
       mine = rep
     else
-      redis.call('RPUSH', base .. 'grants:' .. r[4], rid .. '|' .. rep)
-      redis.call('PEXPIRE', base .. 'grants:' .. r[4], 120000)
+      redis.call('RPUSH', base .. 'grants:' .. r[3], rid .. '|' .. rep)
+      redis.call('PEXPIRE', base .. 'grants:' .. r[3], 120000)
     end
   end
   return mine
@@ -229,31 +271,47 @@ local function charge(tenant, weight, amount)
   end
 end
 """
-_PRELUDE = _PRELUDE.replace("__HOLD_MS__", str(HOLD_MS)).replace(
-    "__IDLE_GRACE_MS__", str(IDLE_GRACE_MS)
+_PRELUDE = (
+    _PRELUDE.replace("__HOLD_MS__", str(HOLD_MS))
+    .replace("__IDLE_GRACE_MS__", str(IDLE_GRACE_MS))
+    .replace("__BACKFILL_MS__", str(BACKFILL_MS))
+    .replace("__BACKFILL_SCAN__", str(BACKFILL_SCAN))
 )
 
-# ARGV: lease slack rid tenant weight est proc prefix wait_ms adapter
+# ARGV: lease slack rid tenant weight est proc prefix wait_ms adapter seqs
 ENQUEUE = (
     _PRELUDE
     + """
 reap()
 if redis.call('EXISTS', base .. 'replicas') == 0 then return {'nocatalog', ''} end
 local rid, tenant, weight, est = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local seqs = tonumber(ARGV[11])
 local key = base .. 'req:' .. rid
 local wait = tonumber(ARGV[9])
 redis.call('HSET', key, 'tenant', tenant, 'weight', weight, 'est', est, 'proc', ARGV[7],
-  'prefix', ARGV[8], 'adapter', ARGV[10], 'state', 'queued', 'deadline', now + wait)
+  'prefix', ARGV[8], 'adapter', ARGV[10], 'seqs', seqs, 'state', 'queued',
+  'deadline', now + wait, 'since', now)
 redis.call('PEXPIRE', key, wait + 3600000)
--- A slot held for this tenant (see owed_hold): take it at once.
+-- Slots held for this tenant (see owed_hold): take them at once if the request fits in
+-- them (giving back the rest); one that does not fit lets them go and queues.
 for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', now, '+inf')) do
   if string.sub(h, 1, #tenant + 1) == tenant .. '|' then
-    local rep = string.match(h, '^[^|]*|([^|]*)|')
+    local rep, _, held = string.match(h, '^[^|]*|([^|]*)|([^|]*)|?(%d*)$')
+    held = tonumber(held) or 1
     redis.call('ZREM', base .. 'holds', h)
-    redis.call('HINCRBYFLOAT', base .. 'counters', tenant, tonumber(est) / tonumber(weight))
-    redis.call('HSET', key, 'state', 'granted', 'replica', rep)
-    redis.call('ZADD', base .. 'inflight', now + LEASE, rid)
-    return {'granted', rep}
+    if seqs <= held then
+      redis.call('HINCRBYFLOAT', base .. 'counters', tenant, tonumber(est) / tonumber(weight))
+      redis.call('HSET', key, 'state', 'granted', 'replica', rep)
+      redis.call('ZADD', base .. 'inflight', now + LEASE, rid)
+      if held > seqs then
+        unload(rep, held - seqs)
+        dispatch(nil)  -- the rest of the held room, to whoever waits
+      end
+      return {'granted', rep}
+    end
+    unload(rep, held)
+    deactivate(tenant)
+    break
   end
 end
 if policy() == 'fcfs' then
@@ -309,15 +367,16 @@ COMPLETE = (
     + """
 reap()
 local key = base .. 'req:' .. ARGV[3]
-local r = redis.call('HMGET', key, 'tenant', 'weight', 'state', 'replica')
+local r = redis.call('HMGET', key, 'tenant', 'weight', 'state', 'replica', 'seqs')
 if r[3] == 'granted' then
   charge(r[1], tonumber(r[2]), tonumber(ARGV[4]))
   redis.call('ZREM', base .. 'inflight', ARGV[3])
   redis.call('DEL', key)
   if owed_hold(r[1], r[4]) then
-    redis.call('ZADD', base .. 'holds', now + HOLD, r[1] .. '|' .. r[4] .. '|' .. ARGV[3])
+    redis.call('ZADD', base .. 'holds', now + HOLD,
+      r[1] .. '|' .. r[4] .. '|' .. ARGV[3] .. '|' .. (r[5] or '1'))
   else
-    unload(r[4])
+    unload(r[4], r[5])
     deactivate(r[1])
   end
 end
@@ -352,7 +411,7 @@ REROUTE = (
     + """
 local rid, failed = ARGV[3], ARGV[4]
 local key = base .. 'req:' .. rid
-local r = redis.call('HMGET', key, 'state', 'prefix', 'tenant', 'adapter')
+local r = redis.call('HMGET', key, 'state', 'prefix', 'tenant', 'adapter', 'seqs')
 if r[1] ~= 'granted' then return '' end
 local listed = redis.call('HEXISTS', base .. 'replicas', failed) == 1
 if listed and redis.call('HLEN', base .. 'replicas') == 1 then return failed end
@@ -360,10 +419,10 @@ redis.call('HDEL', base .. 'replicas', failed)
 if redis.call('HLEN', base .. 'replicas') == 0 then
   redis.call('HSET', base .. 'replicas', 'none', 0)
 end
-unload(failed)
-local rep = pick_replica(r[2], r[4])
+unload(failed, r[5])
+local rep = pick_replica(r[2], r[4], r[5])
 if rep then
-  redis.call('HINCRBY', base .. 'rload', rep, 1)
+  redis.call('HINCRBY', base .. 'rload', rep, tonumber(r[5]) or 1)
   redis.call('HSET', key, 'replica', rep)
   return rep
 end
@@ -372,6 +431,18 @@ redis.call('ZREM', base .. 'inflight', rid)
 redis.call('DEL', key)
 dispatch(nil)
 return ''
+"""
+)
+
+# ARGV: lease slack replica  ->  1 if it left the rotation (the pool's last one stays: the
+# health probe decides; the next catalog publish brings back a replica the probe finds well)
+SUSPECT = (
+    _PRELUDE
+    + """
+if redis.call('HEXISTS', base .. 'replicas', ARGV[3]) == 0 then return 0 end
+if redis.call('HLEN', base .. 'replicas') <= 1 then return 0 end
+redis.call('HDEL', base .. 'replicas', ARGV[3])
+return 1
 """
 )
 
@@ -398,7 +469,8 @@ class Admission:
 
     proc: str = field(default_factory=lambda: uuid.uuid4().hex)
     waiters: dict[str, asyncio.Future[str]] = field(default_factory=dict)
-    held: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    # rid -> (pool, the limits' in-flight leases it holds, its name in them)
+    held: dict[str, tuple[str, tuple[str, ...], str]] = field(default_factory=dict)
     claimed: set[str] = field(default_factory=set)
     waiting: Counter[str] = field(default_factory=Counter)
     listeners: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -418,7 +490,9 @@ class Admission:
         prefix: str,
         wait_seconds: float,
         limit_keys: tuple[str, ...],
+        limit_member: str = "",
         adapter: str = "",
+        sequences: int = 1,
     ) -> str:
         """Wait for a slot; the replica id to send the request to. 503 after the wait."""
         self._start(pool)
@@ -426,6 +500,10 @@ class Admission:
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.waiters[rid] = future
         self.waiting[pool] += 1
+        # The limits' leases are renewed from now on, while the request waits too (a wait
+        # may outlast a lease).
+        self.held[rid] = (pool, limit_keys, limit_member or rid)
+        granted = False
         try:
             result = await script(ENQUEUE)(
                 keys=[base],
@@ -438,13 +516,14 @@ class Admission:
                     prefix,
                     int(wait_seconds * 1000),
                     adapter,
+                    sequences,
                 ),
             )
             state, replica = result[0].decode(), result[1].decode()
             if state == "nocatalog":
                 raise CatalogMissing(pool)
             if state == "granted":
-                self.held[rid] = (pool, limit_keys)
+                granted = True
                 return replica
             try:
                 replica = await asyncio.wait_for(asyncio.shield(future), timeout=wait_seconds)
@@ -456,9 +535,11 @@ class Admission:
                     raise
                 if not replica:
                     raise overloaded(max(1, int(wait_seconds / 4))) from None
-            self.held[rid] = (pool, limit_keys)
+            granted = True
             return replica
         finally:
+            if not granted:
+                self.held.pop(rid, None)
             self.waiters.pop(rid, None)
             self.waiting[pool] -= 1
 
@@ -494,6 +575,12 @@ class Admission:
         if not replica:
             self.held.pop(rid, None)
         return replica
+
+    async def suspect(self, *, pool: str, replica: str) -> bool:
+        """A replica went silent mid-stream: no new requests go there until a probe (whose
+        catalog publish restores the ready set) finds it answering again."""
+        left = await script(SUSPECT)(keys=[pool_prefix(pool)], args=self._args(replica))
+        return bool(left)
 
     # --- background tasks --------------------------------------------------------------
 
@@ -538,10 +625,10 @@ class Admission:
                 continue
             by_pool: dict[str, list[str]] = {}
             limit_keys: dict[str, list[str]] = {}
-            for rid, (pool, keys) in list(self.held.items()):
+            for rid, (pool, keys, member) in list(self.held.items()):
                 by_pool.setdefault(pool, []).append(rid)
                 for k in keys:
-                    limit_keys.setdefault(k, []).append(rid)
+                    limit_keys.setdefault(k, []).append(member)
             try:
                 for pool, rids in by_pool.items():
                     await script(RENEW)(keys=[pool_prefix(pool)], args=self._args(*rids))
@@ -549,8 +636,9 @@ class Admission:
                 pipe = client.pipeline(transaction=False)
                 expiry = await client.time()
                 until = expiry[0] * 1000 + expiry[1] // 1000 + LEASE_MS
-                for k, rids in limit_keys.items():
-                    pipe.zadd(k, dict.fromkeys(rids, until), xx=True)
+                for k, members in limit_keys.items():
+                    pipe.zadd(k, dict.fromkeys(members, until), xx=True)
+                    pipe.pexpire(k, 2 * LEASE_MS)  # the set outlives its longest lease
                 await pipe.execute()
             except RedisError:
                 log.warning("could not renew admission leases", exc_info=True)

@@ -11,11 +11,18 @@ import time
 from dataclasses import dataclass
 
 import orjson
-from asgiref.sync import sync_to_async
 
+from inference.api.db import run_db
 from inference.api.errors import ApiError, invalid_api_key
 from inference.api.redis import redis_async
-from inference.keycache import ENTRY_SECONDS, KEY_ENTRY, TENANT_KEYS, TOMBSTONE
+from inference.keycache import (
+    ENTRY_SECONDS,
+    KEY_ENTRY,
+    TENANT_KEYS,
+    TOMBSTONE,
+    UNKNOWN,
+    UNKNOWN_SECONDS,
+)
 from tenants.keys import digest_matches, key_parse
 from tenants.models import ApiKey, LimitFields, Tenant
 
@@ -120,13 +127,18 @@ async def _load(prefix: str) -> KeyInfo | None:
     client = redis_async()
     entry_key = KEY_ENTRY.format(prefix=prefix)
     raw = await client.get(entry_key)
+    if raw == UNKNOWN:
+        return None
     if isinstance(raw, bytes) and raw != TOMBSTONE:
         return KeyInfo.from_json(raw)
-    info = await sync_to_async(_load_from_db, thread_sensitive=False)(prefix)
-    if info is not None and raw is None:  # never over a tombstone: a change just happened
+    info = await run_db(_load_from_db, prefix)
+    if raw is None:  # never over a tombstone: a change just happened
         pipe = client.pipeline(transaction=False)
-        pipe.set(entry_key, info.to_json(), ex=ENTRY_SECONDS, nx=True)
-        pipe.sadd(TENANT_KEYS.format(tenant_id=info.tenant_id), prefix)
+        if info is None:
+            pipe.set(entry_key, UNKNOWN, ex=UNKNOWN_SECONDS, nx=True)
+        else:
+            pipe.set(entry_key, info.to_json(), ex=ENTRY_SECONDS, nx=True)
+            pipe.sadd(TENANT_KEYS.format(tenant_id=info.tenant_id), prefix)
         await pipe.execute()
     return info
 

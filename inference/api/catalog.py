@@ -9,24 +9,15 @@ import time
 from typing import Any
 
 import orjson
-from asgiref.sync import sync_to_async
-from django.db import close_old_connections
 from redis.exceptions import RedisError
 
+from inference.api.db import run_db
 from inference.api.redis import redis_async
 from inference.catalog import CATALOG_KEY, catalog_publish
 
 log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 1.0
-
-
-def _publish_from_db() -> dict[str, Any]:
-    close_old_connections()
-    try:
-        return catalog_publish()
-    finally:
-        close_old_connections()
 
 
 class CatalogView:
@@ -50,7 +41,7 @@ class CatalogView:
             raw = None if republish else await redis_async().get(CATALOG_KEY)
             if raw is None:
                 log.info("serving catalog missing in Redis: publishing it from the database")
-                self.data = await sync_to_async(_publish_from_db)()
+                self.data = await run_db(catalog_publish)
             else:
                 self.data = orjson.loads(raw)
             self.fetched = time.monotonic()

@@ -20,10 +20,11 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from inference.api import pipeline
-from inference.api.auth import authenticate, bearer_token
+from inference.api.auth import KeyInfo, authenticate, bearer_token
 from inference.api.catalog import catalog_view
 from inference.api.errors import ApiError, model_not_found, overloaded
 
@@ -38,12 +39,19 @@ SSE_HEADERS = [
 
 
 class GatewayHttpConsumer(AsyncHttpConsumer):
+    """One ``/v1`` HTTP request. Before it reads a byte of the body it checks the method, the
+    declared size and (``needs_key``) the API key, so an unauthenticated client can make it
+    read nothing; a body that grows past the cap is cut off at the cap. An early answer
+    ends the consumer: the rest of the body is never read."""
+
     methods: tuple[str, ...] = ("POST",)
+    needs_key = True
     channel_layer_alias = "__none__"  # request/response only: no channel layer round trips
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.size = 0
+        self.key: KeyInfo | None = None
         self.task: asyncio.Task[None] | None = None
 
     async def dispatch(self, message: dict[str, Any]) -> None:
@@ -60,23 +68,65 @@ class GatewayHttpConsumer(AsyncHttpConsumer):
                 return bytes(value)
         return None
 
+    @property
+    def checked_key(self) -> KeyInfo:
+        """The key check_before_body accepted (handlers of ``needs_key`` endpoints only)."""
+        if self.key is None:
+            raise RuntimeError("the key is checked before the body is read")
+        return self.key
+
+    def max_body(self) -> int:
+        return int(settings.INFERPLANE_MAX_BODY_BYTES)
+
+    def too_large(self) -> ApiError:
+        return ApiError(
+            413,
+            f"Request body too large: the limit is {self.max_body()} bytes.",
+            code="request_too_large",
+        )
+
+    async def check_before_body(self) -> ApiError | None:
+        if self.scope["method"] not in self.methods:
+            return ApiError(
+                405,
+                f"Method {self.scope['method']} is not allowed here; use "
+                f"{', '.join(self.methods)}.",
+                code="method_not_allowed",
+                headers={"allow": ", ".join(self.methods)},
+            )
+        declared = self.header(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body():
+            return self.too_large()
+        if self.needs_key:
+            try:
+                self.key = await authenticate(bearer_token(self.header(b"authorization")))
+            except ApiError as error:
+                return error
+            except (RedisError, DatabaseError):  # a key not cached yet needs the database
+                return overloaded(1, "The service is briefly unavailable. Retry in a moment.")
+        return None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # Before the first receive: the server hands the app no message until body bytes
+        # arrive, and a client that announces a body need not send any.
+        self.scope, self.base_send = scope, send
+        early = await self.check_before_body()
+        if early is not None:
+            await self.send_error(early)
+            return
+        await super().__call__(scope, receive, send)
+
+    async def answer_early(self, error: ApiError) -> None:
+        await self.send_error(error)
+        raise StopConsumer()
+
     async def http_request(self, message: dict[str, Any]) -> None:
         if self.task is not None:
             return
         chunk = message.get("body", b"")
         self.size += len(chunk)
-        if self.size > settings.INFERPLANE_MAX_BODY_BYTES:
-            self.task = asyncio.create_task(
-                self.send_error(
-                    ApiError(
-                        413,
-                        f"Request body too large: the limit is "
-                        f"{settings.INFERPLANE_MAX_BODY_BYTES} bytes.",
-                        code="request_too_large",
-                    )
-                )
-            )
-            return
+        if self.size > self.max_body():
+            await self.answer_early(self.too_large())
         self.body.append(chunk)
         if not message.get("more_body"):
             self.task = asyncio.create_task(self.respond(b"".join(self.body)))
@@ -91,22 +141,15 @@ class GatewayHttpConsumer(AsyncHttpConsumer):
 
     async def respond(self, body: bytes) -> None:
         try:
-            if self.scope["method"] not in self.methods:
-                raise ApiError(
-                    405,
-                    f"Method {self.scope['method']} is not allowed here; use "
-                    f"{', '.join(self.methods)}.",
-                    code="method_not_allowed",
-                    headers={"allow": ", ".join(self.methods)},
-                )
             await self.handle_request(body)
         except ApiError as error:
             await self.send_error(error)
         except asyncio.CancelledError:
             raise
-        except RedisError:
+        except (RedisError, DatabaseError):
             # Limits and admission live in Redis: without it, refuse (never serve unmetered).
-            log.warning("Redis unavailable while serving %s", self.scope["path"])
+            # The database is needed only for what no cache holds yet (a budget's first use).
+            log.warning("Redis or the database unavailable while serving %s", self.scope["path"])
             await self.send_error(
                 overloaded(1, "The service is briefly unavailable. Retry in a moment.")
             )
@@ -132,10 +175,7 @@ class CompletionConsumer(GatewayHttpConsumer):
     endpoint = "chat.completions"
 
     async def handle_request(self, body: bytes) -> None:
-        authorization = bearer_token(self.header(b"authorization"))
-        call = await pipeline.prepare(
-            authorization=authorization, raw_body=body, endpoint=self.endpoint
-        )
+        call = await pipeline.prepare(key=self.checked_key, raw_body=body, endpoint=self.endpoint)
         relay = pipeline.Relay(call)
         cancelled = False
         try:
@@ -184,16 +224,28 @@ class CompletionConsumer(GatewayHttpConsumer):
         await self.send_body(b"data: [DONE]\n\n")
 
     async def whole(self, call: pipeline.Call, relay: pipeline.Relay) -> None:
-        chunks = []
+        whole = pipeline.Whole(call)
         try:
             async for batch in relay:
-                chunks.extend(batch)
+                for chunk in batch:
+                    whole.add(chunk)
         except pipeline.MidStreamError as exc:
             await self.send_error(
                 ApiError(502, str(exc), type="server_error", code="engine_failed"), call.headers
             )
             return
-        body = orjson.dumps(pipeline.aggregate(call, chunks))
+        except pipeline.ResponseTooLarge as exc:
+            # Stop here: closing the engine's stream (settle) aborts the rest of the work.
+            call.status, call.error = "error", "non-streamed response too large"
+            error = ApiError(
+                400,
+                f"The response grew past {exc.args[0]} bytes before it was complete. Ask for "
+                "it with stream=true, or lower max_tokens, n or logprobs.",
+                code="response_too_large",
+            )
+            await self.send_error(error, call.headers)
+            return
+        body = orjson.dumps(whole.result())
         await self.send_response(200, body, headers=[JSON, *call.headers])
 
 
@@ -234,9 +286,11 @@ def _visible(catalog: dict[str, Any], tenant_id: int) -> dict[str, dict[str, Any
 class ModelsConsumer(GatewayHttpConsumer):
     methods = ("GET",)
 
+    def max_body(self) -> int:
+        return 0  # a GET carries no body
+
     async def handle_request(self, body: bytes) -> None:
-        key = await authenticate(bearer_token(self.header(b"authorization")))
-        models = _visible(await catalog_view().get(), key.tenant_id)
+        models = _visible(await catalog_view().get(), self.checked_key.tenant_id)
         name = self.scope["url_route"]["kwargs"].get("model")
         if name is None:
             data: dict[str, Any] = {
@@ -251,14 +305,19 @@ class ModelsConsumer(GatewayHttpConsumer):
 
 
 class NotFoundConsumer(GatewayHttpConsumer):
-    methods = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+    """Any other ``/v1`` path: answered before the body is read, whoever asks."""
 
-    async def handle_request(self, body: bytes) -> None:
-        raise ApiError(
+    needs_key = False
+
+    async def check_before_body(self) -> ApiError | None:
+        return ApiError(
             404,
             f"Invalid URL ({self.scope['method']} {self.scope['path']})",
             code="unknown_url",
         )
+
+    async def handle_request(self, body: bytes) -> None:
+        raise NotImplementedError  # never reached: check_before_body always answers
 
 
 class ClientGone(Exception):
@@ -282,6 +341,7 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
         self.authorization = ""
         self.closed = False
         self.running: dict[str, asyncio.Task[None]] = {}
+        self.auth_timer: asyncio.Task[None] | None = None
         for key, value in self.scope["headers"]:
             if key == b"authorization":
                 try:
@@ -295,9 +355,26 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
                     await self.close(code=4401)
                     return
         await self.accept()
+        if not self.authorization:
+            self.auth_timer = asyncio.create_task(self.close_unless_authenticated())
+
+    async def close_unless_authenticated(self) -> None:
+        """A socket that has not authenticated in time is closed: idle anonymous sockets
+        would otherwise hold a server's connections (and memory) for ever."""
+        timeout = settings.INFERPLANE_WS_AUTH_TIMEOUT_SECONDS
+        await asyncio.sleep(timeout)
+        if not self.authorization and not self.closed:  # set only by a successful check
+            error = ApiError(
+                401, f"Not authenticated within {timeout} s; closing.", code="invalid_api_key"
+            )
+            with contextlib.suppress(ClientGone):
+                await self.send_json({"type": "error", "id": None, "error": error.body()["error"]})
+            await self.close(code=4401)
 
     async def disconnect(self, code: int) -> None:
         self.closed = True
+        if self.auth_timer is not None:
+            self.auth_timer.cancel()
         for task in self.running.values():
             task.cancel()
         for task in list(self.running.values()):
@@ -313,6 +390,15 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
             raise ClientGone() from exc
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if len(text_data or bytes_data or b"") > settings.INFERPLANE_MAX_BODY_BYTES:
+            error = ApiError(
+                413,
+                f"Message too large: the limit is {settings.INFERPLANE_MAX_BODY_BYTES} bytes.",
+                code="request_too_large",
+            )
+            await self.send_json({"type": "error", "id": None, "error": error.body()["error"]})
+            await self.close(code=1009)
+            return
         try:
             message = orjson.loads(text_data or bytes_data or b"")
             if not isinstance(message, dict):
@@ -333,13 +419,15 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
             return
         kind, rid = message.get("type"), message.get("id")
         if kind == "auth":
+            presented = str(message.get("api_key") or "")
             try:
-                self.authorization = str(message.get("api_key") or "")
-                await authenticate(self.authorization)
-                await self.send_json({"type": "authenticated"})
-            except ApiError as error:
-                self.authorization = ""
+                await authenticate(presented)
+            except (ApiError, RedisError, DatabaseError) as exc:
+                error = exc if isinstance(exc, ApiError) else overloaded(1)
                 await self.send_json({"type": "error", "id": None, "error": error.body()["error"]})
+                return
+            self.authorization = presented  # only once it is known good
+            await self.send_json({"type": "authenticated"})
         elif kind == "cancel" and rid in self.running:
             self.running[rid].cancel()
         elif kind == "request" and isinstance(rid, str) and rid not in self.running:
@@ -372,7 +460,7 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
             await self.run_call(rid, endpoint, message.get("body"), started)
         except ApiError as error:
             await self.send_json({"type": "error", "id": rid, "error": error.body()["error"]})
-        except RedisError:
+        except (RedisError, DatabaseError):
             busy = overloaded(1, "The service is briefly unavailable. Retry in a moment.")
             await self.send_json({"type": "error", "id": rid, "error": busy.body()["error"]})
         except ClientGone:
@@ -381,9 +469,8 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
             self.running.pop(rid, None)
 
     async def run_call(self, rid: str, endpoint: str, body: Any, started: float) -> None:
-        call = await pipeline.prepare(
-            authorization=self.authorization, raw_body=orjson.dumps(body), endpoint=endpoint
-        )
+        key = await authenticate(self.authorization)  # revoked meanwhile: refused from now on
+        call = await pipeline.prepare(key=key, raw_body=orjson.dumps(body), endpoint=endpoint)
         relay = pipeline.Relay(call)
         cancelled = False
         try:

@@ -19,13 +19,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from asgiref.sync import sync_to_async
-from django.db import close_old_connections
 from django.db.models import F, Sum
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from inference.api.auth import KeyInfo
+from inference.api.db import run_db
 from inference.api.errors import ApiError, overloaded
 from inference.api.lua import run_into, script
 from inference.api.redis import redis_async
@@ -55,31 +54,51 @@ end
 
 # KEYS: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month last_used t_spend k_spend
 # ARGV: rid est lease_ms prefix, limits: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month
-#       t_spend k_spend
+#       t_spend k_spend, then member (rid|sequences|est tokens|est cost) sequences est_cost
 # Returns {status, reason, retry_ms, req_lim, req_rem, req_reset, tok_lim, tok_rem, tok_reset}
 # status 1 = taken, 0 = refused, 2 = a monthly counter must be seeded first.
+#
+# t_conc / k_conc hold the requests in flight of the tenant / key whenever it has a
+# concurrency or budget limit: a lease per request (so a crashed process's come back), named
+# with what the request reserved. Concurrency counts their sequences; the budgets count what
+# they may still use on top of what the ledger already counted, so concurrent requests
+# cannot all pass a nearly spent budget.
 ACQUIRE = (
     _PRELUDE
     + """
 local rid, est, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local L = {}
 for i = 5, 14 do L[i - 4] = tonumber(ARGV[i]) end
-local function conc_full(key, limit)
-  if limit <= 0 then return false end
+local member, seqs, est_cost = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
+local function inflight(key)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  return redis.call('ZCARD', key) >= limit
+  local s, t, c = 0, 0, 0
+  for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    local a, b, d = string.match(m, '^[^|]*|(%d+)|(%d+)|(%d+)$')
+    s = s + (tonumber(a) or 1)
+    t = t + (tonumber(b) or 0)
+    c = c + (tonumber(d) or 0)
+  end
+  return s, t, c
 end
-if conc_full(KEYS[7], L[7]) or conc_full(KEYS[3], L[3]) then
-  return {0, 'concurrency', 1000, 0, 0, 0, 0, 0, 0}
-end
-local budgets = {{8, 8, 'seed_k', 'budget'}, {4, 4, 'seed_t', 'budget'},
-  {11, 10, 'seed_ks', 'spend'}, {10, 9, 'seed_ts', 'spend'}}
-for _, b in ipairs(budgets) do
-  local limit = L[b[2]]
-  if limit > 0 then
-    local used = redis.call('GET', KEYS[b[1]])
-    if not used then return {2, b[3], 0, 0, 0, 0, 0, 0, 0} end
-    if tonumber(used) >= limit then return {0, b[4], 0, 0, 0, 0, 0, 0, 0} end
+-- {in-flight key, conc limit, month key, month limit, spend key, spend limit, seed codes}
+local scopes = {{7, 7, 8, 8, 11, 10, 'seed_k', 'seed_ks'}, {3, 3, 4, 4, 10, 9, 'seed_t', 'seed_ts'}}
+local tracked = {}
+for _, sc in ipairs(scopes) do
+  local conc, month, spend = L[sc[2]], L[sc[4]], L[sc[6]]
+  if conc > 0 or month > 0 or spend > 0 then
+    tracked[#tracked + 1] = KEYS[sc[1]]
+    local s, t, c = inflight(KEYS[sc[1]])
+    -- (the limit in the retry slot: nothing to wait for)
+    if conc > 0 and seqs > conc then return {0, 'conc_too_large', conc, 0, 0, 0, 0, 0, 0} end
+    if conc > 0 and s + seqs > conc then return {0, 'concurrency', 1000, 0, 0, 0, 0, 0, 0} end
+    for _, b in ipairs({{sc[3], month, sc[7], 'budget', t}, {sc[5], spend, sc[8], 'spend', c}}) do
+      if b[2] > 0 then
+        local used = redis.call('GET', KEYS[b[1]])
+        if not used then return {2, b[3], 0, 0, 0, 0, 0, 0, 0} end
+        if tonumber(used) + b[5] >= b[2] then return {0, b[4], 0, 0, 0, 0, 0, 0, 0} end
+      end
+    end
   end
 end
 -- {key index, limit index, tokens needed, kind}
@@ -117,11 +136,9 @@ end
 if not taken then
   return {0, reason, retry, report[1], report[2], report[3], report[4], report[5], report[6]}
 end
-for _, c in ipairs({{3, 3}, {7, 7}}) do
-  if L[c[2]] > 0 then
-    redis.call('ZADD', KEYS[c[1]], now + lease, rid)
-    redis.call('PEXPIRE', KEYS[c[1]], lease * 2)
-  end
+for _, key in ipairs(tracked) do
+  redis.call('ZADD', key, now + lease, member)
+  redis.call('PEXPIRE', key, lease * 2)
 end
 redis.call('HSET', KEYS[9], ARGV[4], math.floor(now / 1000))
 return {1, 'ok', 0, report[1], report[2], report[3], report[4], report[5], report[6]}
@@ -129,12 +146,12 @@ return {1, 'ok', 0, report[1], report[2], report[3], report[4], report[5], repor
 )
 
 # KEYS: t_tpm t_conc t_month k_tpm k_conc k_month t_spend k_spend warnings
-# ARGV: rid est actual t_tpm_lim k_tpm_lim cost t_month_lim k_month_lim t_spend_lim
+# ARGV: member est actual t_tpm_lim k_tpm_lim cost t_month_lim k_month_lim t_spend_lim
 #       k_spend_lim tenant_id key_id month
 RELEASE = (
     _PRELUDE
     + """
-local rid, est, actual = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local member, est, actual = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local function add(key, amount, limit, kind, scope, id)
   if amount <= 0 or redis.call('EXISTS', key) == 0 then return end
   local after = redis.call('INCRBY', key, amount)
@@ -143,8 +160,8 @@ local function add(key, amount, limit, kind, scope, id)
     redis.call('RPUSH', KEYS[9], table.concat({kind, scope, id, ARGV[13], after, limit}, '|'))
   end
 end
-redis.call('ZREM', KEYS[2], rid)
-redis.call('ZREM', KEYS[5], rid)
+redis.call('ZREM', KEYS[2], member)
+redis.call('ZREM', KEYS[5], member)
 for _, b in ipairs({{1, 4}, {4, 5}}) do
   local limit = tonumber(ARGV[b[2]])
   if limit > 0 and redis.call('EXISTS', KEYS[b[1]]) == 1 then
@@ -183,7 +200,8 @@ class Grant:
     estimate: int
     headers: list[tuple[bytes, bytes]]
     month: str
-    conc_keys: tuple[str, ...]
+    conc_keys: tuple[str, ...]  # the in-flight leases this request holds (renewed while it runs)
+    member: str  # its name in them: rid|sequences|estimated tokens|estimated cost
 
     def _release_args(self, actual_tokens: int, cost: int) -> tuple[list[str], list[Any]]:
         key = self.key
@@ -191,7 +209,7 @@ class Grant:
         keys = [t["tpm"], t["conc"], t["month"], k["tpm"], k["conc"], k["month"]]
         keys += [t["spend"], k["spend"], BUDGET_WARNINGS]
         tl, kl = key.tenant_limits, key.key_limits
-        args = [self.rid, self.estimate, actual_tokens, tl[1], kl[1], cost, tl[4], kl[4]]
+        args = [self.member, self.estimate, actual_tokens, tl[1], kl[1], cost, tl[4], kl[4]]
         return keys, [*args, tl[5], kl[5], key.tenant_id, key.key_id, self.month]
 
     async def release(self, actual_tokens: int, cost_micros: int = 0) -> None:
@@ -259,18 +277,14 @@ def _month_used_from_db(key: KeyInfo, per_key: bool, month: str, spend: bool) ->
     from billing.models import UsageRecord
 
     start = datetime(int(month[:4]), int(month[4:]), 1, tzinfo=UTC)
-    close_old_connections()
-    try:
-        records = UsageRecord.objects.filter(tenant_id=key.tenant_id, started_at__gte=start)
-        if per_key:
-            records = records.filter(api_key_id=key.key_id)
-        if spend:
-            total = records.aggregate(n=Sum("cost_micros"))["n"]
-        else:
-            total = records.aggregate(n=Sum(F("prompt_tokens") + F("completion_tokens")))["n"]
-        return int(total or 0)
-    finally:
-        close_old_connections()
+    records = UsageRecord.objects.filter(tenant_id=key.tenant_id, started_at__gte=start)
+    if per_key:
+        records = records.filter(api_key_id=key.key_id)
+    if spend:
+        total = records.aggregate(n=Sum("cost_micros"))["n"]
+    else:
+        total = records.aggregate(n=Sum(F("prompt_tokens") + F("completion_tokens")))["n"]
+    return int(total or 0)
 
 
 REJECTIONS_KEPT = 50
@@ -301,9 +315,13 @@ async def _note_rejection(key: KeyInfo, reason: str, month: str) -> None:
         log.warning("could not note a rejection for tenant %s", key.tenant_id)
 
 
-async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
-    """Take one request and ``estimate`` tokens from every limit, or raise a 429."""
+async def acquire(
+    key: KeyInfo, *, rid: str, estimate: int, sequences: int = 1, estimated_cost: int = 0
+) -> Grant:
+    """Take one request of ``sequences`` sequences and ``estimate`` tokens (costing up to
+    ``estimated_cost`` micro-dollars) from every limit, or raise a 429."""
     month = _month()
+    member = f"{rid}|{sequences}|{estimate}|{estimated_cost}"
     t, k = _scopes(key, month)
     tl, kl = key.tenant_limits, key.key_limits
     # LIMIT_NAMES order: rpm, tpm, max_concurrency, max_tokens_per_request, monthly tokens, spend
@@ -325,13 +343,13 @@ async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
                 t["spend"],
                 k["spend"],
             ],
-            args=[rid, estimate, LEASE_MS, key.prefix, *limits],
+            args=[rid, estimate, LEASE_MS, key.prefix, *limits, member, sequences, estimated_cost],
         )
         status, reason = int(result[0]), result[1].decode()
         if status != 2:
             break
         per_key, spend = reason.startswith("seed_k"), reason.endswith("s")
-        used = await sync_to_async(_month_used_from_db)(key, per_key, month, spend)
+        used = await run_db(_month_used_from_db, key, per_key, month, spend)
         await redis_async().set(
             (k if per_key else t)["spend" if spend else "month"],
             used,
@@ -349,7 +367,12 @@ async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
             estimate=estimate,
             headers=headers,
             month=month,
-            conc_keys=tuple(c for c, lim in ((t["conc"], tl[2]), (k["conc"], kl[2])) if lim),
+            conc_keys=tuple(
+                scope["conc"]
+                for scope, lim in ((t, tl), (k, kl))
+                if lim[2] or lim[4] or lim[5]  # concurrency, monthly tokens, monthly spend
+            ),
+            member=member,
         )
     await _note_rejection(key, reason, month)
     retry_ms = int(result[2])
@@ -378,6 +401,15 @@ async def acquire(key: KeyInfo, *, rid: str, estimate: int) -> Grant:
             type="requests",
             code="rate_limit_exceeded",
             headers={**extra, "retry-after": "1"},
+        )
+    if reason == "conc_too_large":  # it could never run: not a 429 that clients retry
+        raise ApiError(
+            400,
+            f"Request too large: it runs {sequences} sequences at once (prompts x n), and "
+            f"this key or tenant may run {retry_ms} at a time. Send fewer prompts or a "
+            "smaller n.",
+            param="n",
+            code="request_too_large",
         )
     if reason == "too_large":
         raise ApiError(

@@ -36,6 +36,7 @@ from inference.api.lua import script
 from inference.api.redis import redis_async
 from inference.api.upstream import TRANSPORT_ERRORS, engine_session
 from inference.catalog import adapters_held_key, pool_prefix
+from inference.engine_auth import engine_auth_headers
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,10 @@ async def unload(url: str, name: str) -> None:
 async def _post(url: str, path: str, body: dict[str, str], *, missing_ok: bool = False) -> None:
     try:
         async with engine_session().post(
-            url + path, json=body, timeout=aiohttp.ClientTimeout(total=POST_SECONDS)
+            url + path,
+            json=body,
+            headers=engine_auth_headers(),
+            timeout=aiohttp.ClientTimeout(total=POST_SECONDS),
         ) as response:
             text = (await response.read()).decode(errors="replace")
     except TRANSPORT_ERRORS as exc:

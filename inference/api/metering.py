@@ -1,6 +1,6 @@
 """The gateway's side of the usage ledger: one record per request, pushed to a Redis spool.
 
-The Celery worker moves the spool into Postgres in batches (``billing.services``), so the
+The Celery worker moves the spool into Postgres in batches (``billing.spool``), so the
 request path never waits on the database and a Postgres outage costs nothing but delay.
 When Redis itself cannot take the record, it goes straight to Postgres.
 """
@@ -11,11 +11,12 @@ import logging
 from typing import Any
 
 import orjson
-from asgiref.sync import sync_to_async
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
-from billing.services import USAGE_SPOOL, usage_records_insert
+from billing.services import usage_records_insert
+from billing.spool import FIELD, USAGE_STREAM
+from inference.api.db import run_db
 from inference.api.redis import redis_async
 
 log = logging.getLogger(__name__)
@@ -23,13 +24,13 @@ log = logging.getLogger(__name__)
 
 def spool_into(pipe: Pipeline, record: dict[str, Any]) -> None:
     """Queue the record on a pipeline that also carries the request's other end-of-life work."""
-    pipe.rpush(USAGE_SPOOL, orjson.dumps(record))
+    pipe.xadd(USAGE_STREAM, {FIELD: orjson.dumps(record)})
 
 
 async def spool(record: dict[str, Any]) -> None:
     data = orjson.dumps(record)
     try:
-        await redis_async().rpush(USAGE_SPOOL, data)
+        await redis_async().xadd(USAGE_STREAM, {FIELD: data})
         return
     except RedisError:
         log.warning("usage spool unavailable; writing %s to the database", record["request_id"])
@@ -40,7 +41,7 @@ async def store_directly(record: dict[str, Any]) -> None:
     """Redis cannot take the record: straight to Postgres (or, failing that, the log)."""
     data = orjson.dumps(record)
     try:
-        await sync_to_async(usage_records_insert)([record])
+        await run_db(usage_records_insert, [record])
     except Exception:
         # Both stores are away: the log line is the record of last resort.
         log.error("USAGE RECORD NOT STORED: %s", data.decode())

@@ -1,6 +1,7 @@
 """One request through the gateway, whatever the transport (SSE, JSON, WebSocket).
 
-prepare():  authenticate → validate → resolve the model → limits → admission (a replica)
+prepare():  (key authenticated by the transport) validate → resolve the model → limits →
+            admission (a replica)
 Relay:      send to the replica (another one if it fails before answering), then yield the
             engine's chunks cleaned to OpenAI's shape, charging output tokens as they come
 finish():   meter with the engine's counts, release limits and the admission slot
@@ -20,16 +21,23 @@ from typing import Any
 
 import aiohttp
 import orjson
+from django.conf import settings
 from redis.exceptions import NoScriptError, RedisError
 
 from billing.pricing import cost_micros, rates_in_force
 from inference.api import limits, lora, metering
 from inference.api.admission import W_IN, W_OUT, CatalogMissing, admission
-from inference.api.auth import KeyInfo, authenticate
+from inference.api.auth import KeyInfo
 from inference.api.catalog import catalog_view
-from inference.api.errors import ApiError, model_not_found, overloaded
+from inference.api.errors import ApiError, invalid_request, model_not_found, overloaded
 from inference.api.redis import redis_async
-from inference.api.schema import ParsedRequest, check_max_tokens, parse_request, upstream_body
+from inference.api.schema import (
+    ParsedRequest,
+    check_content_parts,
+    check_max_tokens,
+    parse_request,
+    upstream_body,
+)
 from inference.api.upstream import (
     PATHS,
     TRANSPORT_ERRORS,
@@ -37,6 +45,7 @@ from inference.api.upstream import (
     engine_session,
     sse_batches,
 )
+from inference.engine_auth import engine_auth_headers
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,22 @@ class MidStreamError(Exception):
     """The engine failed after the response had started."""
 
 
+class Stalled(Exception):
+    """The engine stopped sending mid-stream (a hung GPU, a stopped process, a partition)."""
+
+
+def _transport_reason(exc: BaseException) -> str:
+    """What went wrong with an engine's connection, for the ledger and the log. Tenants see
+    the ledger's error: it must not name the replica's address (aiohttp's messages do)."""
+    if isinstance(exc, lora.ReplicaUnreachable):
+        return "ReplicaUnreachable: the engine could not be reached to load the adapter"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"{type(exc).__name__}: cannot connect ({exc.os_error.strerror or 'refused'})"
+    if isinstance(exc, aiohttp.ClientResponseError | aiohttp.ServerDisconnectedError):
+        return f"{type(exc).__name__}: the engine closed the connection"
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 @dataclass(slots=True)
 class Call:
     rid: str
@@ -70,6 +95,7 @@ class Call:
     t0: float
     headers: list[tuple[bytes, bytes]]
     replica_url: str = ""
+    tried: str = ""  # the replica last sent to (the one that failed, if none is left)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -84,6 +110,12 @@ class Call:
     adapter: Adapter | None = None
     adapter_replica: str = ""  # the replica counting this request as using the adapter
     max_loras: int = 1  # adapters one replica of the pool holds at once
+
+    @property
+    def replica_name(self) -> str:
+        """The replica as tenants and the ledger know it (never its internal address)."""
+        replica = self.replica or self.tried
+        return str(self.replicas.get(replica, {}).get("name") or f"replica {replica}")
 
     def usage(self) -> dict[str, Any]:
         return {
@@ -145,30 +177,50 @@ def _resolve(
     return pool_name, base_name, model, adapter
 
 
-async def prepare(*, authorization: str, raw_body: bytes, endpoint: str) -> Call:
+async def prepare(*, key: KeyInfo, raw_body: bytes, endpoint: str) -> Call:
+    """Everything before the engine, for a request whose key was authenticated."""
     t0 = time.perf_counter()
     started_at = datetime.now(UTC)
-    key = await authenticate(authorization)
     parsed = parse_request(raw_body, endpoint)
     view = catalog_view()
     catalog = await view.get()
     pool_name, base_name, model, adapter = _resolve(catalog, parsed.model, key)
+    pool = catalog["pools"][pool_name]
+    _check_fits(parsed, pool["max_inflight"])
+    check_content_parts(
+        parsed,
+        images=model.get("accepts_images", False),
+        audio=model.get("accepts_audio", False),
+        url_domains=settings.INFERPLANE_MEDIA_URL_DOMAINS,
+    )
     max_tokens = check_max_tokens(
         parsed,
         context_length=model["context_length"],
         tenant_cap=key.limit("max_tokens_per_request"),
     )
     rid = uuid.uuid4().hex
-    estimate = parsed.prompt_estimate + (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
-    grant = await limits.acquire(key, rid=rid, estimate=estimate)
-    pool = catalog["pools"][pool_name]
+    completion_estimate = parsed.sequences * (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
+    rates = rates_in_force(model.get("prices"), tenant_id=key.tenant_id, at=started_at.timestamp())
+    grant = await limits.acquire(
+        key,
+        rid=rid,
+        estimate=parsed.prompt_estimate + completion_estimate,
+        sequences=parsed.sequences,
+        estimated_cost=_price(
+            rates, prompt_tokens=parsed.prompt_estimate, completion_tokens=completion_estimate
+        ),
+    )
     try:
         replica = await _admit(view, pool_name, pool, rid, key, parsed, grant, adapter)
     except BaseException:
         await asyncio.shield(_release_quietly(grant))
         raise
     if replica not in pool["replicas"]:  # a replica newer than our copy of the catalog
-        await view.refresh()
+        try:
+            await view.refresh()
+        except BaseException:  # the slot is ours already: give it back with the limits
+            await asyncio.shield(_give_back(pool_name, rid, grant))
+            raise
         pool = (view.data or catalog)["pools"].get(pool_name, pool)
     return Call(
         rid=rid,
@@ -187,13 +239,24 @@ async def prepare(*, authorization: str, raw_body: bytes, endpoint: str) -> Call
         started_at=started_at,
         t0=t0,
         headers=[(b"x-request-id", rid.encode()), *grant.headers],
-        rates=rates_in_force(
-            model.get("prices"), tenant_id=key.tenant_id, at=started_at.timestamp()
-        ),
+        rates=rates,
         base_model=base_name,
         adapter=adapter,
         max_loras=pool.get("max_loras", 1),
     )
+
+
+def _check_fits(parsed: ParsedRequest, capacity: int) -> None:
+    """A request is as many sequences as the engine will run for it (prompts x n); one that
+    a replica cannot run at once would hold a whole replica, or wait forever: refused."""
+    if parsed.sequences > capacity:
+        shape = f"{parsed.prompts} prompts x n={parsed.sequences // parsed.prompts}"
+        raise invalid_request(
+            f"This request runs {parsed.sequences} sequences at once ({shape}); a replica "
+            f"of this model runs at most {capacity}. Send fewer prompts or a smaller n.",
+            param="n" if parsed.prompts == 1 else "prompt",
+            code="request_too_large",
+        )
 
 
 async def _admit(
@@ -217,7 +280,9 @@ async def _admit(
                 prefix=parsed.prefix_hash,
                 wait_seconds=pool["max_queue_wait_seconds"],
                 limit_keys=grant.conc_keys,
+                limit_member=grant.member,
                 adapter=adapter.engine_name if adapter else "",
+                sequences=parsed.sequences,
             )
         except CatalogMissing:
             if attempt:
@@ -227,6 +292,14 @@ async def _admit(
             log.warning("admission unavailable", exc_info=True)
             break
     raise overloaded(2, "Admission is unavailable for a moment. Retry shortly.")
+
+
+async def _give_back(pool: str, rid: str, grant: limits.Grant) -> None:
+    try:
+        await admission().complete(pool=pool, rid=rid, adjustment=0)
+    except RedisError:
+        log.warning("could not give back the slot of %s", rid, exc_info=True)
+    await _release_quietly(grant)
 
 
 async def _release_quietly(grant: limits.Grant) -> None:
@@ -247,38 +320,70 @@ class Relay:
         self.first: list[bytes] | None = None
         self.last_progress = 0.0
         self.failures = 0
+        self.completion_by_choice: dict[int, int] = {}
+        self.prompt_by_prompt: dict[int, int] = {}
 
     async def start(self) -> None:
         """Connect and wait for the engine's first event, failing over between replicas."""
         call = self.call
         session = engine_session()
         path = PATHS[call.parsed.endpoint]
-        headers = {"content-type": "application/json", "x-request-id": call.rid}
+        headers = {
+            "content-type": "application/json",
+            "x-request-id": call.rid,
+            **engine_auth_headers(),
+        }
         reloaded = False
+        first_byte = settings.INFERPLANE_ENGINE_FIRST_BYTE_TIMEOUT_SECONDS
+        loop = asyncio.get_running_loop()
         for _attempt in range(MAX_ATTEMPTS):
+            call.tried = call.replica
             call.replica_url = url = call.replicas.get(call.replica, {}).get("url", "")
             try:
                 if call.adapter is not None:
                     await self._adapter_onto_replica(call.adapter)
-                try:
-                    response = await session.post(url + path, data=call.body, headers=headers)
-                except aiohttp.ServerDisconnectedError:
-                    # Most likely a pooled keep-alive connection the engine had just closed:
-                    # one fresh try on the same replica before calling it failed.
-                    response = await session.post(url + path, data=call.body, headers=headers)
+                # A replica that accepts the connection and then says nothing (a hung GPU, a
+                # stopped process, a partition without reset) is a failed replica.
+                deadline = loop.time() + first_byte
+                async with asyncio.timeout_at(deadline):
+                    try:
+                        response = await session.post(url + path, data=call.body, headers=headers)
+                    except aiohttp.ServerDisconnectedError:
+                        # Most likely a pooled keep-alive connection the engine had just
+                        # closed: one fresh try on the same replica before calling it failed.
+                        response = await session.post(url + path, data=call.body, headers=headers)
+            except TimeoutError:
+                await self._failover(f"no answer within {first_byte} s")
+                continue
             except (*TRANSPORT_ERRORS, lora.ReplicaUnreachable) as exc:
-                await self._failover(f"{type(exc).__name__}: {exc}")
+                await self._failover(_transport_reason(exc))
                 continue
             self.response = response  # from here on, close() aborts it whatever happens
             if response.status != 200:
-                body = await response.read()
-                response.release()
+                # An error is a few hundred bytes: read at most 64 KiB of it, within the
+                # same deadline (an engine that sends a status line and goes silent is a
+                # silent engine).
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        body = await response.content.read(65536)
+                except (*TRANSPORT_ERRORS, TimeoutError) as exc:
+                    response.close()
+                    self.response = None
+                    await self._failover(f"HTTP {response.status}, then {_transport_reason(exc)}")
+                    continue
+                response.close()
                 self.response = None
                 if response.status == 404 and call.adapter is not None and not reloaded:
                     # The engine does not hold the adapter after all (it restarted since
                     # the last probe): load it again there, once.
                     reloaded = True
                     await self._forget_adapter(call.adapter)
+                    continue
+                if response.status in (401, 403):
+                    # Our key, not the client's: the replica is misconfigured (its
+                    # VLLM_API_KEY is not INFERPLANE_ENGINE_API_KEY). Never a 401 to them.
+                    log.error("replica %s refuses the engine API key", call.replica_url)
+                    await self._failover(f"HTTP {response.status}: the engine refused our key")
                     continue
                 if response.status >= 500 or response.status == 404:
                     await self._failover(f"HTTP {response.status}")
@@ -287,11 +392,15 @@ class Relay:
                 raise engine_error(response.status, body)
             self.batches = batches = sse_batches(response)
             try:
-                first = await anext(batches)
+                async with asyncio.timeout_at(deadline):
+                    first = await anext(batches)
             except (*TRANSPORT_ERRORS, StopAsyncIteration) as exc:
                 response.close()
                 self.response = self.batches = None
-                await self._failover(f"no answer: {type(exc).__name__}")
+                if isinstance(exc, TimeoutError):
+                    await self._failover(f"no first token within {first_byte} s")
+                else:
+                    await self._failover(f"no answer: {_transport_reason(exc)}")
                 continue
             self.first = first
             call.ttft_ms = int((time.perf_counter() - call.t0) * 1000)
@@ -340,7 +449,7 @@ class Relay:
         it back); when it is the pool's only replica, pause and try it again."""
         call = self.call
         log.warning("replica %s failed before answering (%s); rerouting", call.replica_url, reason)
-        call.error = reason[:300]
+        call.error = f"{call.replica_name}: {reason}"[:300]
         self.failures += 1
         try:
             replica = await admission().reroute(pool=call.pool, rid=call.rid, failed=call.replica)
@@ -361,6 +470,7 @@ class Relay:
         include_usage = call.parsed.include_usage
         model = call.parsed.model
         batch = self.first
+        stall = settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS
         try:
             while True:
                 out = []
@@ -372,7 +482,7 @@ class Relay:
                     if "choices" not in chunk and "error" in chunk:
                         message = str(chunk["error"].get("message", "engine error"))
                         raise MidStreamError(message[:300])
-                    self._count(chunk.pop("usage", None))
+                    self._count(chunk.pop("usage", None), chunk.get("choices"))
                     for name in _EXTRA_TOP:
                         chunk.pop(name, None)
                     chunk["model"] = model
@@ -394,23 +504,52 @@ class Relay:
                 if time.monotonic() - self.last_progress >= PROGRESS_SECONDS:
                     await self._progress()
                 try:
-                    batch = await anext(self.batches)
+                    async with asyncio.timeout(stall):
+                        batch = await anext(self.batches)
                 except StopAsyncIteration:
                     call.done = True  # ended without [DONE]; vLLM always sends it
                     return
+                except TimeoutError:
+                    raise Stalled(f"the engine sent nothing for {stall} s") from None
+        except Stalled as exc:
+            call.status = "error"
+            call.error = f"{call.replica_name}: engine stalled mid-stream: {exc}"
+            await self._suspect()
+            raise MidStreamError(call.error) from exc
         except (*TRANSPORT_ERRORS, MidStreamError) as exc:
             call.status = "error"
-            call.error = f"engine failed mid-stream: {type(exc).__name__}: {exc}"[:300]
+            call.error = f"{call.replica_name}: engine failed mid-stream: {_transport_reason(exc)}"
+            call.error = call.error[:300]
             raise MidStreamError(call.error) from exc
 
-    def _count(self, usage: dict[str, Any] | None) -> None:
-        """The engine's running totals for this request (continuous usage stats)."""
-        if usage:
-            call = self.call
+    def _count(self, usage: dict[str, Any] | None, choices: list[dict[str, Any]] | None) -> None:
+        """The engine's counts so far. Continuous usage stats are per sequence: a chunk of
+        one choice carries that choice's completion tokens and its prompt's tokens, so the
+        request's totals are summed over choices (prompts x n); the final usage chunk (no
+        choices) carries the engine's totals for the whole request."""
+        if not usage:
+            return
+        call = self.call
+        if choices:
+            index = int(choices[0].get("index") or 0)
+            self.completion_by_choice[index] = usage.get("completion_tokens") or 0
+            n = max(1, call.parsed.sequences // call.parsed.prompts)
+            self.prompt_by_prompt[index // n] = usage.get("prompt_tokens") or 0
+            call.prompt_tokens = sum(self.prompt_by_prompt.values())
+            call.completion_tokens = sum(self.completion_by_choice.values())
+        else:
             call.prompt_tokens = usage.get("prompt_tokens") or 0
             call.completion_tokens = usage.get("completion_tokens") or 0
-            details = usage.get("prompt_tokens_details") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        if details:
             call.cached_tokens = details.get("cached_tokens") or 0
+
+    async def _suspect(self) -> None:
+        """The replica went silent mid-stream: out of rotation until a probe vouches for it."""
+        try:
+            await admission().suspect(pool=self.call.pool, replica=self.call.replica)
+        except RedisError:
+            log.warning("could not take replica %s out of rotation", self.call.replica)
 
     async def drain(
         self, *, idle: float = DRAIN_IDLE_SECONDS, cap: float = DRAIN_CAP_SECONDS
@@ -431,7 +570,8 @@ class Relay:
                 for data in batch:
                     if data == b"[DONE]":
                         return
-                    self._count(orjson.loads(data).get("usage"))
+                    chunk = orjson.loads(data)
+                    self._count(chunk.get("usage"), chunk.get("choices"))
         except (TimeoutError, StopAsyncIteration, *TRANSPORT_ERRORS, orjson.JSONDecodeError):
             return
 
@@ -483,7 +623,7 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         "completion_tokens": call.completion_tokens,
         "cached_tokens": call.cached_tokens,
         "pool": call.pool,
-        "replica": call.replica_url,
+        "replica": call.replica_name if call.replica_url else "",
         "ttft_ms": call.ttft_ms,
         "duration_ms": int((time.perf_counter() - call.t0) * 1000),
         "error": call.error,
@@ -521,49 +661,74 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         await metering.store_directly(record)
 
 
-def _cost(call: Call) -> int:
-    """What the call costs at the catalog's price, for the spend budgets (the ledger fixes
-    the billed cost itself, with the same arithmetic)."""
-    if not call.rates:
+def _price(
+    rates: list[Any] | None, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> int:
+    """What tokens cost at the catalog's price, for the spend budgets (the ledger fixes the
+    billed cost itself, with the same arithmetic)."""
+    if not rates:
         return 0
-    _, input_rate, cached_rate, output_rate, discount = call.rates
+    _, input_rate, cached_rate, output_rate, discount = rates
     return cost_micros(
         input_per_mtok=Decimal(input_rate),
         cached_input_per_mtok=Decimal(cached_rate),
         output_per_mtok=Decimal(output_rate),
         batch_discount_percent=Decimal(discount),
         batch=False,
-        prompt_tokens=call.prompt_tokens,
-        cached_tokens=call.cached_tokens,
-        completion_tokens=call.completion_tokens,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens,
     )
 
 
-def aggregate(call: Call, chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The non-streamed response, rebuilt from the engine's stream."""
-    first = chunks[0] if chunks else {}
-    chat = call.parsed.endpoint == "chat.completions"
-    choices: dict[int, dict[str, Any]] = {}
-    for chunk in chunks:
+def _cost(call: Call) -> int:
+    return _price(
+        call.rates,
+        prompt_tokens=call.prompt_tokens,
+        completion_tokens=call.completion_tokens,
+        cached_tokens=call.cached_tokens,
+    )
+
+
+class ResponseTooLarge(Exception):
+    """A non-streamed answer grew past INFERPLANE_MAX_RESPONSE_BYTES."""
+
+
+class Whole:
+    """The non-streamed response, assembled from the engine's stream as it comes: text in
+    parts joined once at the end, never the chunks themselves, and never more than
+    ``INFERPLANE_MAX_RESPONSE_BYTES`` (an answer that grows past it raises
+    ResponseTooLarge: ``stream=true`` is the way to ask for it)."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.chat = call.parsed.endpoint == "chat.completions"
+        self.id = ""
+        self.created = 0
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.texts: dict[tuple[int, str], list[str]] = {}
+        self.size = 0
+        self.limit = settings.INFERPLANE_MAX_RESPONSE_BYTES
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        if not self.id:
+            self.id, self.created = chunk.get("id", ""), chunk.get("created", 0)
         for c in chunk.get("choices") or ():
             index = c.get("index", 0)
-            if chat:
-                choice = choices.setdefault(
-                    index,
-                    {
-                        "index": index,
-                        "message": {"role": "assistant", "content": None},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    },
-                )
-                _merge_delta(choice, c)
+            choice = self.choices.get(index)
+            if choice is None:
+                choice = self.choices[index] = {
+                    "index": index,
+                    "logprobs": None,
+                    "finish_reason": None,
+                    **({"message": {"role": "assistant"}} if self.chat else {}),
+                }
+            if self.chat:
+                self._merge_delta(index, choice, c)
             else:
-                choice = choices.setdefault(
-                    index, {"index": index, "text": "", "logprobs": None, "finish_reason": None}
-                )
-                choice["text"] += c.get("text") or ""
+                self._text(index, "text", c.get("text"))
                 if c.get("logprobs"):
+                    self._grow(c["logprobs"])
                     logprobs = choice["logprobs"] or {
                         "tokens": [],
                         "token_logprobs": [],
@@ -577,47 +742,68 @@ def aggregate(call: Call, chunks: list[dict[str, Any]]) -> dict[str, Any]:
                 choice["finish_reason"] = c["finish_reason"]
             if c.get("stop_reason") is not None:
                 choice["stop_reason"] = c["stop_reason"]
-    if chat:
-        for choice in choices.values():
-            message = choice["message"]
-            if message["content"] is None and not message.get("tool_calls"):
-                message["content"] = ""
-    return {
-        "id": first.get("id", f"cmpl-{call.rid}"),
-        "object": "chat.completion" if chat else "text_completion",
-        "created": first.get("created", int(call.started_at.timestamp())),
-        "model": call.parsed.model,
-        "choices": [choices[i] for i in sorted(choices)],
-        "usage": call.usage(),
-    }
 
+    def _grow(self, part: Any) -> None:
+        self.size += len(part) if isinstance(part, str) else len(orjson.dumps(part))
+        if self.size > self.limit:
+            raise ResponseTooLarge(self.limit)
 
-def _merge_delta(choice: dict[str, Any], c: dict[str, Any]) -> None:
-    delta = c.get("delta") or {}
-    message = choice["message"]
-    if delta.get("role"):
-        message["role"] = delta["role"]
-    for text_field in ("content", "reasoning_content", "reasoning", "refusal"):
-        if delta.get(text_field) is not None:
-            message[text_field] = (message.get(text_field) or "") + delta[text_field]
-    for call in delta.get("tool_calls") or ():
-        calls = message.setdefault("tool_calls", [])
-        index = call.get("index", len(calls))
-        while len(calls) <= index:
-            calls.append(
-                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-            )
-        target = calls[index]
-        if call.get("id"):
-            target["id"] = call["id"]
-        if call.get("type"):
-            target["type"] = call["type"]
-        function = call.get("function") or {}
-        if function.get("name"):
-            target["function"]["name"] += function["name"]
-        if function.get("arguments"):
-            target["function"]["arguments"] += function["arguments"]
-    if c.get("logprobs") and c["logprobs"].get("content"):
-        logprobs = choice["logprobs"] or {"content": []}
-        logprobs["content"].extend(c["logprobs"]["content"])
-        choice["logprobs"] = logprobs
+    def _text(self, index: int, name: str, value: str | None) -> None:
+        if value:
+            self._grow(value)
+            self.texts.setdefault((index, name), []).append(value)
+
+    def _merge_delta(self, index: int, choice: dict[str, Any], c: dict[str, Any]) -> None:
+        delta = c.get("delta") or {}
+        message = choice["message"]
+        if delta.get("role"):
+            message["role"] = delta["role"]
+        for text_field in ("content", "reasoning_content", "reasoning", "refusal"):
+            if delta.get(text_field) is not None:
+                self.texts.setdefault((index, text_field), [])
+                self._text(index, text_field, delta[text_field])
+        for call in delta.get("tool_calls") or ():
+            self._grow(call)
+            calls = message.setdefault("tool_calls", [])
+            position = call.get("index", len(calls))
+            while len(calls) <= position:
+                calls.append(
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+            target = calls[position]
+            if call.get("id"):
+                target["id"] = call["id"]
+            if call.get("type"):
+                target["type"] = call["type"]
+            function = call.get("function") or {}
+            if function.get("name"):
+                target["function"]["name"] += function["name"]
+            if function.get("arguments"):
+                target["function"]["arguments"] += function["arguments"]
+        if c.get("logprobs") and c["logprobs"].get("content"):
+            self._grow(c["logprobs"]["content"])
+            logprobs = choice["logprobs"] or {"content": []}
+            logprobs["content"].extend(c["logprobs"]["content"])
+            choice["logprobs"] = logprobs
+
+    def result(self) -> dict[str, Any]:
+        for (index, name), parts in self.texts.items():
+            target = self.choices[index]["message"] if self.chat else self.choices[index]
+            target[name] = "".join(parts)
+        for choice in self.choices.values():
+            if self.chat:
+                message = choice["message"]
+                if message.get("content") is None and not message.get("tool_calls"):
+                    message["content"] = ""
+                message.setdefault("content", None)
+            else:
+                choice.setdefault("text", "")
+        call = self.call
+        return {
+            "id": self.id or f"cmpl-{call.rid}",
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created or int(call.started_at.timestamp()),
+            "model": call.parsed.model,
+            "choices": [self.choices[i] for i in sorted(self.choices)],
+            "usage": call.usage(),
+        }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
@@ -17,6 +18,25 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 from inference.api.errors import ApiError, invalid_request
 
 PosInt = Annotated[StrictInt, Field(ge=1, le=10_000_000)]
+# Prompts in one /v1/completions request. Every prompt x n is a sequence the engine runs at
+# once, so a request is also bounded by its pool's capacity (see pipeline.prepare).
+MAX_PROMPTS = 128
+TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
+# chat_template_kwargs reach the engine's apply_chat_template: these would replace the
+# template or the conversation itself (another tenant's model behaviour on a shared engine).
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "chat_template",
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "tokenize",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer",
+    }
+)
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
@@ -100,7 +120,14 @@ class ChatCompletionRequest(SamplingParams):
 
 
 class CompletionRequest(SamplingParams):
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | TokenIds
+        | Annotated[
+            list[Annotated[list[StrictInt], Field(min_length=1)]], Field(max_length=MAX_PROMPTS)
+        ]
+    )
     suffix: str | None = None
     echo: StrictBool | None = None
     logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
@@ -122,8 +149,10 @@ class ParsedRequest:
     model: str
     stream: bool
     include_usage: bool
-    max_tokens: int | None  # as asked; None = until the context is full
-    prompt_estimate: int  # tokens, before the engine counts them
+    max_tokens: int | None  # per sequence, as asked; None = until the context is full
+    prompt_estimate: int  # tokens of all prompts, before the engine counts them
+    prompts: int  # prompts in the request (completions may send a list)
+    sequences: int  # what the engine runs at once: prompts x n
     prefix_hash: str  # for prefix-affine routing
 
 
@@ -139,11 +168,22 @@ def _param(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def _text_of(body: dict[str, Any], endpoint: str) -> str:
-    """The prompt's text, for the token estimate and the prefix hash."""
+def _prompt_shape(body: dict[str, Any], endpoint: str) -> tuple[bytes, int, int]:
+    """(the prompt's text for the prefix hash, estimated prompt tokens, prompts) of a body.
+
+    ~3 bytes a token for text; token ids count as themselves; chat adds 4 tokens of framing
+    a message. The engine's own count corrects the estimate when the request ends."""
     if endpoint == "completions":
         prompt = body["prompt"]
-        return prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()
+        if isinstance(prompt, str):
+            encoded = prompt.encode()
+            return encoded, len(encoded) // 3 + 1, 1
+        if prompt and isinstance(prompt[0], int):
+            return orjson.dumps(prompt[:64]), len(prompt), 1
+        if prompt and isinstance(prompt[0], list):
+            return orjson.dumps(prompt[0][:64]), sum(len(p) for p in prompt), len(prompt)
+        texts = [p.encode() for p in prompt]
+        return b"\n".join(texts), sum(len(t) // 3 + 1 for t in texts), max(1, len(texts))
     parts: list[str] = []
     for message in body["messages"]:
         content = message.get("content")
@@ -151,7 +191,8 @@ def _text_of(body: dict[str, Any], endpoint: str) -> str:
             parts.append(content)
         elif isinstance(content, list):
             parts.extend(p.get("text") or "" for p in content if isinstance(p, dict))
-    return "\n".join(parts)
+    encoded = "\n".join(parts).encode()
+    return encoded, len(encoded) // 3 + 4 * len(body["messages"]) + 1, 1
 
 
 def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
@@ -190,9 +231,15 @@ def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if endpoint == "completions" and max_tokens is None:
         max_tokens = 16  # OpenAI's documented default for completions
-    text = _text_of(body, endpoint)
-    encoded = text.encode()
-    messages = len(body.get("messages") or ())
+    kwargs = body.get("chat_template_kwargs") or {}
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
+    if reserved:
+        raise invalid_request(
+            f"chat_template_kwargs may not set {', '.join(reserved)}: the model's chat "
+            "template and the conversation are the server's.",
+            param=f"chat_template_kwargs.{reserved[0]}",
+        )
+    encoded, prompt_estimate, prompts = _prompt_shape(body, endpoint)
     return ParsedRequest(
         endpoint=endpoint,
         body=body,
@@ -200,8 +247,9 @@ def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
         stream=stream,
         include_usage=bool(options.get("include_usage")),
         max_tokens=max_tokens,
-        # ~3 bytes a token, 4 tokens of chat framing a message; corrected from the engine's count.
-        prompt_estimate=len(encoded) // 3 + 4 * messages + 1,
+        prompt_estimate=prompt_estimate,
+        prompts=prompts,
+        sequences=prompts * max(body.get("n") or 1, body.get("best_of") or 1),
         prefix_hash=hashlib.blake2b(encoded[:512], digest_size=8).hexdigest(),
     )
 
@@ -220,7 +268,9 @@ def upstream_body(parsed: ParsedRequest, *, served_name: str, max_tokens: int | 
 
 
 def check_max_tokens(parsed: ParsedRequest, *, context_length: int, tenant_cap: int) -> int | None:
-    """The max_tokens to send: bounded by the tenant's limit and the model's context."""
+    """The max_tokens to send (per sequence): bounded by the model's context and by the
+    tenant's limit on the tokens one request may produce, which counts every sequence the
+    request runs (prompts x n)."""
     asked = parsed.max_tokens
     param = "max_completion_tokens" if "max_completion_tokens" in parsed.body else "max_tokens"
     if asked is not None and asked >= context_length:
@@ -229,14 +279,74 @@ def check_max_tokens(parsed: ParsedRequest, *, context_length: int, tenant_cap: 
             "tokens, prompt included.",
             param=param,
         )
-    if tenant_cap:
-        if asked is not None and asked > tenant_cap:
-            raise invalid_request(
-                f"max_tokens is too large: {asked}. Your limit is {tenant_cap} tokens per request.",
-                param=param,
-            )
-        return asked or tenant_cap
-    return asked
+    if not tenant_cap:
+        return asked
+    seqs = parsed.sequences
+    shape = f" x {seqs} sequences (prompts x n)" if seqs > 1 else ""
+    if asked is not None and asked * seqs > tenant_cap:
+        raise invalid_request(
+            f"max_tokens is too large: {asked}{shape}. Your limit is {tenant_cap} tokens per "
+            "request.",
+            param=param,
+        )
+    if asked is None and tenant_cap < seqs:
+        raise invalid_request(
+            f"This request runs {seqs} sequences (prompts x n); your limit of {tenant_cap} "
+            "tokens per request does not leave one token for each.",
+            param="n",
+        )
+    return asked or tenant_cap // seqs
+
+
+def check_content_parts(
+    parsed: ParsedRequest, *, images: bool, audio: bool, url_domains: frozenset[str]
+) -> None:
+    """Only what the model takes reaches its engine. A text-only model refuses image, audio
+    and file parts; images must come inline (``data:`` URLs) unless the operator allows
+    their hosts (INFERPLANE_MEDIA_URL_DOMAINS): an engine that fetched any URL it was given
+    would reach anything inside the GPU network."""
+    if parsed.endpoint != "chat.completions":
+        return
+    for i, message in enumerate(parsed.body["messages"]):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type")
+            where = f"messages[{i}].content[{j}]"
+            if kind == "file":
+                raise invalid_request(
+                    "File content parts are not supported: send the text.",
+                    param=f"{where}.type",
+                    code="unsupported_content",
+                )
+            if (kind == "image_url" and not images) or (kind == "input_audio" and not audio):
+                what = "images" if kind == "image_url" else "audio"
+                raise invalid_request(
+                    f"The model `{parsed.model}` does not take {what}: send text only.",
+                    param=f"{where}.type",
+                    code="unsupported_content",
+                )
+            if kind == "image_url":
+                _check_media_url(part.get("image_url"), f"{where}.image_url.url", url_domains)
+
+
+def _check_media_url(image: Any, param: str, domains: frozenset[str]) -> None:
+    url = image.get("url") if isinstance(image, dict) else None
+    if not isinstance(url, str) or not url:
+        raise invalid_request("image_url.url must be a URL or a data: URL.", param=param)
+    if url.startswith("data:"):
+        return
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if parts.scheme == "https" and any(host == d or host.endswith("." + d) for d in domains):
+        return
+    allowed = f" or https URLs on {', '.join(sorted(domains))}" if domains else ""
+    raise invalid_request(
+        f"Images must be sent inline as data: URLs{allowed}.",
+        param=param,
+        code="unsupported_content",
+    )
 
 
 def context_error(message: str) -> ApiError:

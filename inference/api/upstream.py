@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
+from django.conf import settings
 
 from inference.api.errors import ApiError, invalid_request
 from inference.api.schema import context_error
@@ -32,9 +33,13 @@ def engine_session() -> aiohttp.ClientSession:
             connector=aiohttp.TCPConnector(
                 limit=0, keepalive_timeout=60, enable_cleanup_closed=True
             ),
-            # No read timeout: a long generation is silent between tokens only briefly, and
-            # a dead engine shows up as a closed connection, not as silence.
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=3),
+            # No total or read timeout here: the relay bounds the wait for an engine's first
+            # token and every silence mid-stream itself (pipeline.Relay; settings
+            # INFERPLANE_ENGINE_FIRST_BYTE/STALL_TIMEOUT_SECONDS), since a hung engine
+            # often shows up as silence, not as a closed connection.
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=settings.INFERPLANE_ENGINE_CONNECT_TIMEOUT_SECONDS
+            ),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
         )

@@ -55,9 +55,13 @@ def test_reconciliation_catches_a_dropped_record(world: World) -> None:
     since = (start.taken_at + timedelta(milliseconds=1)).isoformat()
 
     code, rows = _reconcile(since)
-    assert code == 0, rows
     row = rows[0]
-    assert (row["prompt_diff"], row["generation_diff"], row["records"]) == ("0", "0", "4")
+    assert (row["prompt_diff"], row["records"]) == ("0", "4"), rows
+    # Exact but for the one documented gap (README, Metering): the decode step in flight
+    # when the client left can add a token the engine counted and never streamed.
+    gap = int(row["generation_diff"])
+    assert gap in (0, -1), rows
+    assert code == (0 if gap == 0 else 1)
     assert int(row["engine_generation"]) > 0 and row["exact"] == "yes"
 
     dropped = UsageRecord.objects.filter(tenant=tenant).order_by("id")[1]
@@ -65,7 +69,7 @@ def test_reconciliation_catches_a_dropped_record(world: World) -> None:
     code, rows = _reconcile(since)
     assert code == 1
     assert int(rows[0]["prompt_diff"]) == -dropped.prompt_tokens
-    assert int(rows[0]["generation_diff"]) == -dropped.completion_tokens
+    assert int(rows[0]["generation_diff"]) == gap - dropped.completion_tokens
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""The usage ledger: idempotent writes, the spool, the CSV export."""
+"""The usage ledger: idempotent writes, the CSV export (the spool: test_spool.py)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,12 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
 import pytest
 from django.conf import settings
 from django.core.management import call_command
 
 from billing.models import UsageRecord
-from billing.services import (
-    USAGE_SPOOL,
-    daily_usage_refresh,
-    usage_records_insert,
-    usage_spool_flush,
-)
-from controlplane.redis import redis_sync
+from billing.services import daily_usage_refresh, usage_records_insert
 from tenants.models import Tenant
 from tenants.services import api_key_create
 from tests.conftest import run_manage
@@ -79,41 +72,6 @@ def test_one_bad_record_does_not_hold_back_the_batch() -> None:
     good, bad = _record(tenant), _record(tenant, tenant_id=10**9)
     usage_records_insert([good, bad])
     assert list(UsageRecord.objects.values_list("request_id", flat=True)) == [good["request_id"]]
-
-
-@pytest.mark.django_db(transaction=True)
-def test_spool_flush_moves_everything_once() -> None:
-    tenant = TenantFactory.create()
-    records = [_record(tenant) for _ in range(5)]
-    client = redis_sync()
-    client.rpush(USAGE_SPOOL, *(orjson.dumps(r) for r in records))
-    client.rpush(USAGE_SPOOL, orjson.dumps(records[0]))  # a replay after a crash
-    assert usage_spool_flush() == 6
-    assert client.llen(USAGE_SPOOL) == 0
-    assert UsageRecord.objects.count() == 5
-    assert usage_spool_flush() == 0
-
-
-@pytest.mark.django_db(transaction=True)
-def test_spool_survives_a_failed_flush(monkeypatch: pytest.MonkeyPatch) -> None:
-    """If the database refuses the batch, nothing is trimmed from the spool."""
-    from django.db import OperationalError
-
-    tenant = TenantFactory.create()
-    client = redis_sync()
-    client.rpush(USAGE_SPOOL, orjson.dumps(_record(tenant)))
-
-    def down(records: object) -> int:
-        raise OperationalError("server closed the connection unexpectedly")
-
-    monkeypatch.setattr("billing.services.usage_records_insert", down)
-    with pytest.raises(OperationalError):
-        usage_spool_flush()
-    assert client.llen(USAGE_SPOOL) == 1
-    assert not client.exists("ip:usage:flush-lock")
-    monkeypatch.undo()
-    assert usage_spool_flush() == 1
-    assert UsageRecord.objects.count() == 1
 
 
 @pytest.mark.django_db

@@ -64,13 +64,37 @@ def chromium() -> Iterator[Browser]:
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
+# Chromium logs what the Content-Security-Policy blocks as console errors; the page's own
+# securitypolicyviolation events say it too (the init script runs outside the page's CSP).
+CSP_WATCH = """document.addEventListener("securitypolicyviolation", (e) =>
+  console.error(`CSP violation: ${e.violatedDirective} blocked ${e.blockedURI || "inline"}`));"""
+
+
+def watch_csp(page: Page) -> list[str]:
+    """The CSP violations ``page`` reports, as they happen."""
+    violations: list[str] = []
+    page.context.add_init_script(CSP_WATCH)
+
+    def note(message: Any) -> None:
+        text = message.text
+        if message.type == "error" and (
+            "Content Security Policy" in text or text.startswith("CSP violation")
+        ):
+            violations.append(f"{page.url}: {text}")
+
+    page.on("console", note)
+    return violations
+
+
 @pytest.fixture
 def page(chromium: Browser) -> Iterator[Page]:
     context = chromium.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(15_000)
+    violations = watch_csp(page)
     yield page
     context.close()
+    assert violations == [], "pages broke the Content-Security-Policy"
 
 
 def shot(page: Page, name: str) -> None:
@@ -245,6 +269,7 @@ def test_an_owner_invites_and_the_invitee_signs_up_through_the_link(
     shot(page, "members-invited")
 
     invitee = chromium.new_context().new_page()
+    invitee_violations = watch_csp(invitee)
     invitee.goto(link)
     expect(invitee.get_by_role("heading", level=1)).to_contain_text("Join Acme")
     shot(invitee, "join")
@@ -255,6 +280,7 @@ def test_an_owner_invites_and_the_invitee_signs_up_through_the_link(
     invitee.wait_for_url("**/app/t/acme/")
     expect(invitee.locator(".who")).to_contain_text("finance")
     invitee.context.close()
+    assert invitee_violations == []
 
     page.reload()
     expect(page.locator("tr[data-member='newcomer']")).to_be_visible()
@@ -350,7 +376,9 @@ def test_the_operator_page_shows_a_request_running_live(
     runner = threading.Thread(target=stream)
     runner.start()
     # No reload: the table refreshes itself while the request runs, and after it ends.
-    expect(replica.locator("[data-in-flight]")).to_have_text("1 / 8", timeout=20_000)
+    # Capacity counts sequences (the request's n=4 is four of the replica's eight); the
+    # tenant runs one request.
+    expect(replica.locator("[data-in-flight]")).to_have_text("4 / 8", timeout=20_000)
     expect(page.locator("tr[data-tenant='acme'] [data-running]")).to_have_text("1")
     shot(page, "operator")
     runner.join(timeout=120)
@@ -463,3 +491,63 @@ def test_staff_change_limits_and_the_audit_log_shows_it(
     expect(page.locator("tr[data-action='tenant.limits']")).to_contain_text("operator")
     expect(page.locator("tr[data-action='tenant.update']")).to_be_visible()
     shot(page, "audit")
+
+
+def test_swagger_ui_and_the_admin_work_under_the_csp(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    """Both run inline code of their own (with the response's nonce); the fixture fails the
+    test on any violation the browser reports."""
+    page.goto(f"{dash_stack.url}/api/docs/")
+    expect(page.locator(".opblock").first).to_be_visible()  # the schema fetched and drawn
+    expect(page.locator("[data-path='/api/tenants/{slug}/invitations/create/']")).to_be_visible()
+    shot(page, "api-docs")
+
+    User.objects.filter(pk=people.staff.pk).update(is_superuser=True)
+    hasher = PBKDF2PasswordHasher()
+    User.objects.filter(pk=people.staff.pk).update(password=hasher.encode(PASSWORD, hasher.salt()))
+    page.goto(f"{dash_stack.url}/admin/")
+    page.get_by_label("Username").fill(people.staff.get_username())
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.locator("#site-name")).to_contain_text("Inferplane operations")
+    page.goto(f"{dash_stack.url}/admin/tenants/tenant/")
+    expect(page.locator("#result_list")).to_contain_text("acme")
+    page.goto(f"{dash_stack.url}/admin/tenants/tenant/{people.tenant.pk}/change/")
+    expect(page.locator("#id_name")).to_have_value(people.tenant.name)
+    shot(page, "admin")
+
+
+def test_the_operator_socket_opens_under_the_csp_and_closes_when_staff_ends(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    log_in(page, dash_stack, people.staff)
+    frames: list[Any] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda data: frames.append(data)))
+    with page.expect_websocket() as opened:
+        page.goto(f"{dash_stack.url}/app/ops/")
+    socket = opened.value
+    assert socket.url.endswith("/app/ws/ops")
+    for _ in range(50):  # the table, pushed over the socket that connect-src allowed
+        if frames:
+            break
+        page.wait_for_timeout(100)
+    assert frames and '<div id="ops-live"' in str(frames[0])
+    with socket.expect_event("close", timeout=10_000):
+        User.objects.filter(pk=people.staff.pk).update(is_staff=False)
+    # The page reloads a moment later, and no longer exists for this user.
+    page.wait_for_event("load", timeout=15_000)
+    expect(page.get_by_role("heading", name="Pools, replicas and queues")).to_have_count(0)
+
+
+def test_repeated_failed_logins_show_the_lockout_on_the_form(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    page.goto(f"{dash_stack.url}/app/login/")
+    for _ in range(10):  # the live stack's limit (INFERPLANE_LOGIN_FAILURE_LIMIT)
+        page.get_by_label("Username").fill("viewer")
+        page.get_by_label("Password").fill("wrong")
+        page.get_by_role("button", name="Log in").click()
+        page.wait_for_load_state()
+    expect(page.get_by_role("alert")).to_contain_text("Too many failed logins")
+    shot(page, "login-locked")

@@ -323,6 +323,26 @@ def test_revoked_invitations_do_not_work(people: TenantPeople) -> None:
     )
 
 
+def test_an_inviters_links_die_with_their_right_to_invite(people: TenantPeople) -> None:
+    removed = _invite(browser(people.admin), "developer").removeprefix("http://testserver")
+    demoted = _invite(browser(people.owner), "viewer").removeprefix("http://testserver")
+    admin = people.tenant.memberships.get(user=people.admin)
+    assert browser(people.owner).post(f"/app/t/acme/members/{admin.pk}/remove/").status_code == 302
+    # The owner demotes a second owner, who had sent a link, to viewer.
+    second = people.tenant.memberships.get(user=people.developer)
+    owner = browser(people.owner)
+    assert owner.post(f"/app/t/acme/members/{second.pk}/role/", {"role": "owner"}).status_code
+    later = _invite(browser(people.developer), "finance").removeprefix("http://testserver")
+    owner.post(f"/app/t/acme/members/{second.pk}/role/", {"role": "viewer"})
+    for path in (removed, later):
+        page = browser(people.outsider).get(path)
+        assert page.status_code == 404 and b"no longer valid" in page.content
+        assert browser(people.outsider).post(path).status_code == 404
+    assert not Membership.objects.filter(tenant=people.tenant, user=people.outsider).exists()
+    # The remaining owner's own link still works.
+    assert browser(people.outsider).post(demoted).status_code == 302
+
+
 def test_the_audit_log_shows_who_did_what_filtered(people: TenantPeople) -> None:
     owner = browser(people.owner)
     owner.post("/app/t/acme/keys/", {"name": "audited", "scopes": ["inference"]})

@@ -378,3 +378,81 @@ async def test_a_flushed_redis_is_reported_for_republishing() -> None:
             wait_seconds=1,
             limit_keys=(),
         )
+
+
+async def _admit(adm: Admission, rid: str, tenant: int, sequences: int = 1, **kw: object) -> str:
+    return await adm.admit(
+        pool=POOL,
+        rid=rid,
+        tenant=tenant,
+        weight=1,
+        prompt_estimate=5,
+        prefix="",
+        wait_seconds=kw.pop("wait_seconds", 5),  # type: ignore[arg-type]
+        limit_keys=(),
+        sequences=sequences,
+    )
+
+
+async def test_a_request_takes_as_many_slots_as_it_runs_sequences() -> None:
+    """Eight prompts (or n=8) are eight sequences in the engine: they fill a replica of
+    eight, and the next tenant's one-token request waits for room instead of queueing inside
+    the engine behind them."""
+    await _pool({"r1": 8})
+    adm = Admission()
+    assert await _admit(adm, "big", tenant=1, sequences=8) == "r1"
+    assert await redis_async().hget(BASE + "rload", "r1") == b"8"
+    small = asyncio.create_task(_admit(adm, "small", tenant=2))
+    await asyncio.sleep(0.3)
+    assert not small.done()  # no room: it waits in admission, not in the engine
+    await adm.complete(pool=POOL, rid="big", adjustment=0)
+    assert await small == "r1"
+    assert await redis_async().hget(BASE + "rload", "r1") == b"1"
+    await adm.complete(pool=POOL, rid="small", adjustment=0)
+    assert await redis_async().hget(BASE + "rload", "r1") == b"0"
+
+
+async def test_a_large_request_lets_small_ones_past_only_for_a_moment() -> None:
+    """When the tenant owed service next wants more room than is free, requests of the next
+    tenants that fit may go past it for BACKFILL_MS (a large request does not stop everyone
+    at once); after that nobody passes it, so its room frees up (it is never starved)."""
+    await _pool({"r1": 4})
+    adm = Admission()
+    for i in range(3):
+        await _admit(adm, f"a{i}", tenant=1)
+    big = asyncio.create_task(_admit(adm, "big", tenant=2, sequences=4))
+    await asyncio.sleep(0.1)
+    assert await _admit(adm, "early", tenant=3) == "r1"  # fits the free slot: goes past
+    assert not big.done()
+    await asyncio.sleep(admission_module.BACKFILL_MS / 1000 + 0.2)
+    await adm.complete(pool=POOL, rid="a0", adjustment=0)
+    late = asyncio.create_task(_admit(adm, "late", tenant=4))
+    await asyncio.sleep(0.3)
+    assert not late.done()  # a slot is free, but big has waited long enough: nobody passes
+    for rid in ("a1", "a2", "early"):
+        await adm.complete(pool=POOL, rid=rid, adjustment=0)
+    assert await big == "r1"
+    await asyncio.sleep(0.2)
+    assert not late.done()  # big holds all four
+    await adm.complete(pool=POOL, rid="big", adjustment=0)
+    assert await late == "r1"
+
+
+async def test_a_held_slot_is_taken_only_by_a_request_that_fits() -> None:
+    await _pool({"r1": 4})
+    adm = Admission()
+    await _admit(adm, "t2", tenant=2)
+    waiting = asyncio.create_task(_admit(adm, "t1", tenant=1, sequences=4))
+    await asyncio.sleep(0.05)
+    await adm.complete(pool=POOL, rid="t2", adjustment=0)  # tenant 2 is owed: slot held
+    assert await redis_async().zcard(BASE + "holds") == 1
+    # Tenant 2 comes back with a request of three sequences: one held slot is not enough,
+    # so the hold is let go and it queues (behind tenant 1's request of four).
+    back = asyncio.create_task(_admit(adm, "t2b", tenant=2, sequences=3))
+    assert await waiting == "r1"
+    await asyncio.sleep(0.1)
+    assert not back.done()
+    assert await redis_async().hget(BASE + "rload", "r1") == b"4"
+    await adm.complete(pool=POOL, rid="t1", adjustment=0)
+    assert await back == "r1"
+    assert await redis_async().hget(BASE + "rload", "r1") == b"3"

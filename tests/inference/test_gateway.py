@@ -16,8 +16,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from billing.models import Price, UsageRecord
+from controlplane.redis import redis_sync
 from inference.catalog import catalog_publish
-from inference.models import Model, Pool
+from inference.models import KeyCacheInvalidation, Model, Pool
 from tenants.models import ApiKey, AuditEvent
 from tenants.services import api_key_limits_update, api_key_revoke, tenant_update
 from tests.live import settled_counters, wait_for
@@ -80,7 +81,9 @@ def test_chat_unstreamed_with_usage(world: World) -> None:
         12,
     )
     assert record.status == "ok" and record.endpoint == "chat.completions"
-    assert record.ttft_ms is not None and record.replica == world.engines[0].url
+    # The replica by name: its address is internal.
+    assert record.ttft_ms is not None
+    assert record.replica == world.pool().replicas.get(url=world.engines[0].url).name
 
 
 def test_chat_streamed_matches_unstreamed_and_reports_usage(world: World) -> None:
@@ -225,6 +228,39 @@ def test_suspended_tenant_is_refused(world: World) -> None:
     time.sleep(1.1)
     with pytest.raises(openai.AuthenticationError):
         world.stack.openai(key).models.list()
+
+
+def test_revocation_and_suspension_during_a_redis_hiccup_still_take_effect(
+    world: World, settings: Any
+) -> None:
+    """The control plane cannot reach Redis at the moment a key is revoked and a tenant is
+    suspended: the invalidations wait in the database's outbox, and beat applies them as soon
+    as Redis answers again. (Before, they were logged and lost: the revoked key kept working
+    for as long as its cache entry lived, five minutes.)"""
+    tenant, key = world.tenant()
+    suspended, other_key = world.tenant()
+    for k in (key, other_key):
+        world.stack.openai(k).models.list()  # cached in Redis by the gateway
+    live_redis = settings.REDIS_URL
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    redis_sync.cache_clear()
+    try:
+        api_key_revoke(api_key=ApiKey.objects.get(tenant=tenant), actor=None)
+        tenant_update(tenant=suspended, actor=None, status="suspended")
+    finally:
+        settings.REDIS_URL = live_redis
+        redis_sync.cache_clear()
+    assert KeyCacheInvalidation.objects.count() == 2  # kept until Redis takes them
+
+    def refused(k: str) -> bool:
+        try:
+            world.stack.openai(k).models.list()
+        except openai.AuthenticationError:
+            return True
+        return False
+
+    wait_for(lambda: refused(key) and refused(other_key), timeout=20, every=0.5)
+    assert KeyCacheInvalidation.objects.count() == 0
 
 
 @pytest.mark.parametrize(

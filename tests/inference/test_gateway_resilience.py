@@ -10,6 +10,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,10 +22,12 @@ from django.db import connection
 from openai.types.chat import ChatCompletionMessageParam
 
 from billing.models import UsageRecord
-from inference.models import Pool
-from inference.services import pool_configure
-from tests.engines import Engine, engine_start, free_port
-from tests.live import wait_for
+from billing.spool import spool_length
+from inference.catalog import catalog_publish
+from inference.models import Pool, Replica
+from inference.services import pool_configure, replica_probe
+from tests.engines import LOG_DIR, Engine, engine_start, free_port
+from tests.live import settled_counters, wait_for
 from tests.serving import World, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
@@ -73,7 +77,6 @@ def test_hot_path_needs_no_database_and_usage_survives_an_outage(
     wait_for(lambda: UsageRecord.objects.count() == 1)
 
     _lockout(True)
-    spool = redis_lib.Redis.from_url(stack.env["REDIS_URL"])
     served = 0
     outage_started = time.monotonic()
     while time.monotonic() - outage_started < 30:  # Postgres away for 30 s
@@ -90,13 +93,87 @@ def test_hot_path_needs_no_database_and_usage_survives_an_outage(
         )
         served += 2
         time.sleep(1)
-    assert spool.llen("ip:usage:spool") >= served
+    assert spool_length() >= served
     assert UsageRecord.objects.count() == 1  # nothing could be written meanwhile
 
     _lockout(False)
     wait_for(lambda: UsageRecord.objects.count() == served + 1, timeout=60)
-    assert spool.llen("ip:usage:spool") == 0
+    assert spool_length() == 0
     assert UsageRecord.objects.values("request_id").distinct().count() == served + 1
+
+
+def test_unknown_keys_are_remembered_and_cost_no_query(
+    engine: Engine, app_role_url: str, stack_factory: Any
+) -> None:
+    """A key that does not exist costs the database one look-up, then is remembered for a
+    while: with the database locked out, the same unknown key is still answered 401 at once
+    (not a 5xx, and no query), and a key nobody has tried yet is answered 503, not 500."""
+    world_rows([engine])
+    stack = stack_factory(app_role_url, name="unknown")
+    unknown = "sk-ip-0123456789ab_" + "x" * 43
+    client = stack.openai(unknown)
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+    assert redis_lib.Redis.from_url(stack.env["REDIS_URL"]).get("ip:key:0123456789ab") == b"?"
+    _lockout(True)
+    time.sleep(1.1)  # past the in-process cache: from here on only Redis remembers it
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+    with pytest.raises(openai.InternalServerError) as err:
+        stack.openai("sk-ip-ba9876543210_" + "y" * 43).models.list()
+    assert err.value.status_code == 503
+
+
+def _postgres_restart() -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart", "-m", "fast"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def test_the_gateway_outlives_a_postgres_restart(engine: Engine, stack_factory: Any) -> None:
+    """The machine's PostgreSQL restarts under a live gateway. Keys already cached keep
+    working throughout; keys first used after the restart (and ones whose cache entry has
+    expired) work again within seconds; and once Postgres is back nothing answers 5xx.
+    (Before, the executor thread that had loaded a key kept its dead connection for good:
+    every later first use of a key was a 500 until the web process was restarted.)"""
+    world_rows([engine])
+    stack = stack_factory(_db_url(), name="pgrestart")
+    world = World(stack=stack, engines=[engine])
+    _, cached = world.tenant()
+    fresh_keys = [world.tenant()[1] for _ in range(3)]
+    stack.openai(cached).models.list()  # loaded from the database: a connection in a thread
+    redis_client = redis_lib.Redis.from_url(stack.env["REDIS_URL"])
+    web_log = LOG_DIR / "pgrestart-web.log"
+    log_start = web_log.stat().st_size
+
+    _postgres_restart()
+    connection.close()  # this test's own connection died with the server too
+
+    stack.openai(cached).models.list()  # cached in Redis: never needed the database
+    first, *others = fresh_keys
+
+    def works(key: str) -> bool:
+        try:
+            stack.openai(key).models.list()
+        except openai.InternalServerError:  # 503 while Postgres comes back
+            return False
+        return True
+
+    wait_for(lambda: works(first), timeout=30, every=0.5)
+    redis_client.delete(f"ip:key:{cached[6:18]}")  # its Redis entry expired meanwhile
+    for key in [cached, *others]:
+        for _ in range(3):
+            reply = stack.openai(key).chat.completions.create(
+                model="tiny-chat", messages=CHAT, max_tokens=2
+            )
+            assert reply.choices[0].finish_reason in ("length", "stop")
+    with web_log.open("rb") as f:
+        f.seek(log_start)
+        assert b"unexpected error" not in f.read()
 
 
 # --- An engine killed mid-stream ---------------------------------------------------------------
@@ -111,14 +188,217 @@ def spare_engine() -> Iterator[Engine]:
     started.stop()
 
 
+def _freeze(engine: Engine, frozen: bool) -> None:
+    """SIGSTOP / SIGCONT the whole engine (API server and engine core): it keeps accepting
+    connections (the kernel does that) and says nothing, like a hung GPU or a partition."""
+    os.killpg(engine.process.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
+
+def _probe(url: str) -> str:
+    """One health-probe round for a replica, as beat runs it; its state afterwards."""
+    replica = Replica.objects.select_related("pool__model").get(url=url)
+    state = replica_probe(replica=replica).state
+    catalog_publish()
+    return state
+
+
+def test_a_silent_engine_holds_nothing(
+    engine: Engine, spare_engine: Engine, stack_factory: Any
+) -> None:
+    """A replica that stops answering (SIGSTOP) costs a first-byte timeout before the first
+    token (the request moves to the other replica) and a stall timeout mid-stream (the
+    stream ends with an error event and [DONE], what was produced is metered, the slot and
+    the limits are freed); the probe marks it down, and it serves again once continued."""
+    world_rows([engine, spare_engine], max_inflight=1)  # two requests: one to each replica
+    stack = stack_factory(
+        _db_url(),
+        name="frozen",
+        extra_env={
+            "INFERPLANE_ENGINE_FIRST_BYTE_TIMEOUT_SECONDS": "4",
+            "INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS": "3",
+            "INFERPLANE_PROBE_INTERVAL_SECONDS": "3600",  # this test runs the probes itself
+        },
+    )
+    world = World(stack=stack, engines=[engine, spare_engine])
+    tenant, key = world.tenant(max_concurrency=10)
+    spare = world.pool().replicas.get(url=spare_engine.url)
+    engine_row = world.pool().replicas.get(url=engine.url)
+    admission = redis_lib.Redis.from_url(stack.env["REDIS_URL"])
+    client = stack.openai(key)
+    try:
+        # 1. Frozen before the first byte: the two requests go one to each replica; the one
+        # sent to the frozen spare moves to the other replica after the first-byte timeout.
+        _freeze(spare_engine, True)
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(
+                pool.map(
+                    lambda _: client.chat.completions.create(
+                        model="tiny-chat", messages=CHAT, max_tokens=3
+                    ),
+                    range(2),
+                )
+            )
+        assert all(r.choices[0].finish_reason in ("length", "stop") for r in replies)
+        records = wait_for(lambda: len(r := world.records(tenant=tenant)) == 2 and r)
+        assert {r.status for r in records} == {"ok"}
+        assert {r.replica for r in records} == {world.pool().replicas.get(url=engine.url).name}
+        # The one sent to the spare waited 4 s there, then moved (the other was done by then).
+        moved = [r for r in records if r.error]
+        assert len(moved) == 1 and "no answer within 4 s" in moved[0].error
+        assert moved[0].error.startswith(spare.name) and "127.0.0.1" not in moved[0].error
+        assert _probe(spare_engine.url) == Replica.State.DOWN  # /health does not answer
+
+        _freeze(spare_engine, False)
+        assert _probe(spare_engine.url) == Replica.State.READY
+        time.sleep(1.2)  # the web process's catalog copy
+
+        # 2. Frozen mid-stream: two long streams, one on each replica (each admits one: the
+        # second goes where the first is not); the spare is frozen once its stream runs.
+        lines: dict[int, list[str]] = {0: [], 1: []}
+        placed: dict[int, str] = {}
+        running = {0: threading.Event(), 1: threading.Event()}
+
+        def consume(i: int) -> None:
+            with (
+                httpx.Client(timeout=60) as http,
+                http.stream(
+                    "POST",
+                    f"{stack.url}/v1/chat/completions",
+                    headers={"authorization": f"Bearer {key}"},
+                    json={"model": "tiny-chat", "messages": CHAT, "stream": True,
+                          "max_tokens": 600, "ignore_eos": True},
+                ) as response,
+            ):  # fmt: skip
+                assert response.status_code == 200, response.read()
+                rid = response.headers["x-request-id"]
+                value = admission.hget(f"ip:{{p:online}}:req:{rid}", "replica")
+                placed[i] = value.decode() if isinstance(value, bytes) else str(value)
+                for line in response.iter_lines():
+                    if line:
+                        lines[i].append(line)
+                        if len(lines[i]) > 5:
+                            running[i].set()
+
+        threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
+        for i, thread in enumerate(threads):
+            thread.start()
+            assert running[i].wait(timeout=60), (i, placed, lines)
+        assert sorted(placed.values()) == sorted(str(r.pk) for r in (spare, engine_row))
+        _freeze(spare_engine, True)
+        for thread in threads:
+            thread.join(timeout=120)
+        healthy, stalled = sorted(lines.values(), key=lambda ls: "error" in " ".join(ls[-3:]))
+        assert healthy[-1] == "data: [DONE]" and '"error"' not in " ".join(healthy)
+        assert stalled[-1] == "data: [DONE]"
+        assert '"code":"engine_failed"' in stalled[-2] and "stalled" in stalled[-2]
+        records = wait_for(lambda: len(r := world.records(tenant=tenant)) == 4 and r)
+        cut = next(r for r in records if r.status == "error")
+        assert cut.replica == spare.name and 0 < cut.completion_tokens < 600  # metered
+        assert "stalled" in cut.error
+        # Nothing is held for it: no admitted request, no concurrency lease, and the spare
+        # is out of the rotation until a probe vouches for it.
+        assert admission.zcard("ip:{p:online}:inflight") == 0
+        assert admission.zcard(f"ip:rl:t:{tenant.pk}:conc") == 0
+        assert str(spare.pk).encode() not in admission.hkeys("ip:{p:online}:replicas")
+        assert _probe(spare_engine.url) == Replica.State.DOWN
+    finally:
+        _freeze(spare_engine, False)
+
+    # 3. Continued: the probe brings it back and it serves (its aborted stream is gone).
+    assert _probe(spare_engine.url) == Replica.State.READY
+    time.sleep(1.2)
+    wait_for(lambda: settled_counters(spare_engine)["vllm:num_requests_running"] == 0)
+    with ThreadPoolExecutor(2) as pool:
+        list(
+            pool.map(
+                lambda _: client.chat.completions.create(
+                    model="tiny-chat", messages=CHAT, max_tokens=2
+                ),
+                range(2),
+            )
+        )
+    records = wait_for(lambda: len(r := world.records(tenant=tenant)) == 6 and r)
+    assert spare.name in {r.replica for r in records[-2:]}
+
+
+def _engine_core(engine: Engine) -> int:
+    """The engine-core process under the engine's HTTP server (vLLM runs them apart)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) != engine.process.pid:
+                    continue
+                if b"EngineCore" in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+            except (OSError, ProcessLookupError):
+                continue
+    raise AssertionError("no engine-core process found")
+
+
+def test_a_stuck_engine_core_behind_a_live_http_server_is_marked_down(
+    spare_engine: Engine, stack_factory: Any, settings: Any
+) -> None:
+    """The HTTP server answers /health while the engine core under it is stuck (a hung
+    GPU): the probe sees requests running and no token generated for the stall timeout,
+    and marks the replica down; once the core moves again, it is ready again."""
+    settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS = 3  # the probes run here, in this process
+    world_rows([spare_engine], max_inflight=2)
+    stack = stack_factory(
+        _db_url(),
+        name="stuck",
+        extra_env={
+            "INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS": "3",
+            "INFERPLANE_PROBE_INTERVAL_SECONDS": "3600",  # this test runs the probes itself
+        },
+    )
+    world = World(stack=stack, engines=[spare_engine])
+    _, key = world.tenant()
+    core = _engine_core(spare_engine)
+    started = threading.Event()
+    ended: list[str] = []
+
+    def consume() -> None:
+        with httpx.stream(
+            "POST",
+            f"{stack.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": "tiny-chat", "messages": CHAT, "stream": True, "max_tokens": 600,
+                  "ignore_eos": True},
+            timeout=60,
+        ) as response:  # fmt: skip
+            for i, line in enumerate(response.iter_lines()):
+                if i == 10:
+                    started.set()
+                if line:
+                    ended.append(line)
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    try:
+        assert started.wait(timeout=60)
+        os.kill(core, signal.SIGSTOP)
+        thread.join(timeout=60)
+        assert ended[-1] == "data: [DONE]" and "stalled" in ended[-2]
+        assert httpx.get(f"{spare_engine.url}/health", timeout=5).status_code == 200
+        _probe(spare_engine.url)  # sees requests running: starts the clock
+        time.sleep(3.5)
+        assert _probe(spare_engine.url) == Replica.State.DOWN
+        replica = Replica.objects.get(url=spare_engine.url)
+        assert "engine core is stuck" in replica.last_error
+    finally:
+        os.kill(core, signal.SIGCONT)
+    wait_for(lambda: _probe(spare_engine.url) == Replica.State.READY, timeout=30, every=1)
+
+
 def test_engine_killed_mid_stream(engine: Engine, spare_engine: Engine, stack_factory: Any) -> None:
-    world_rows([engine, spare_engine], max_inflight=1)
+    world_rows([engine, spare_engine], max_inflight=4)
     stack = stack_factory(_db_url(), name="kill")
     world = World(stack=stack, engines=[engine, spare_engine])
     tenant, key = world.tenant()
     spare_id = str(world.pool().replicas.get(url=spare_engine.url).pk)
     admission = redis_lib.Redis.from_url(stack.env["REDIS_URL"])
-    # Two long streams at once: one per replica (each admits one request at a time). The
+    # Two long streams at once: one per replica (each admits four sequences, one request of
+    # n=4). The
     # spare is killed as soon as the stream routed to it has started, so it is surely mid-way
     # (the other engine may start its stream later: waiting for both could let it finish).
     lines: dict[int, list[str]] = {0: [], 1: []}
@@ -165,7 +445,9 @@ def test_engine_killed_mid_stream(engine: Engine, spare_engine: Engine, stack_fa
     records = wait_for(lambda: len(r := list(UsageRecord.objects.filter(tenant=tenant))) == 2 and r)
     failed = next(r for r in records if r.status == "error")
     # Metered with what the engine had counted (its usage rides on every chunk).
-    assert failed.replica == spare_engine.url and failed.prompt_tokens > 0
+    spare_name = world.pool().replicas.get(url=spare_engine.url).name
+    assert failed.replica == spare_name and failed.prompt_tokens > 0
+    assert spare_engine.url not in failed.error and "127.0.0.1" not in failed.error
     # The next requests are served by the remaining replica, even before a probe notices:
     # a connection refused before the first byte is retried on another replica.
     for _ in range(3):
@@ -174,7 +456,8 @@ def test_engine_killed_mid_stream(engine: Engine, spare_engine: Engine, stack_fa
         )
         assert reply.choices[0].finish_reason in ("length", "stop")
     records = wait_for(lambda: len(r := list(UsageRecord.objects.filter(tenant=tenant))) == 5 and r)
-    assert all(r.replica == engine.url for r in records if r.status == "ok")
+    engine_name = world.pool().replicas.get(url=engine.url).name
+    assert all(r.replica == engine_name for r in records if r.status == "ok")
 
 
 def _db_url() -> str:
@@ -250,7 +533,9 @@ def test_gateway_recovers_from_a_redis_restart_by_itself(
         model="tiny-chat", messages=CHAT, max_tokens=2
     ).headers
     assert int(headers["x-ratelimit-remaining-requests"]) >= 990  # limits live again
-    wait_for(lambda: UsageRecord.objects.count() >= 3, timeout=30)
+    # The worker reconnects to the broker with a growing backoff (2, 4, 6 s...): the ledger
+    # catches up once it is back.
+    wait_for(lambda: UsageRecord.objects.count() >= 3, timeout=90)
 
 
 # --- Two web processes -------------------------------------------------------------------------
@@ -318,7 +603,8 @@ def test_limits_hold_across_two_web_processes(engine: Engine, stack_factory: Any
 
 
 def test_full_pool_queues_then_503_and_leaving_frees_the_queue(world: World) -> None:
-    pool_configure(pool=Pool.objects.get(name="online"), max_inflight=1, max_queue_wait_seconds=2)
+    # One request of n=4 fills a replica of four sequences.
+    pool_configure(pool=Pool.objects.get(name="online"), max_inflight=4, max_queue_wait_seconds=2)
     time.sleep(1.2)
     _, key = world.tenant()
     # A client that reads nothing more: the response backs up to the gateway, which then

@@ -22,7 +22,7 @@ from inference.services import replica_probe
 from tenants.models import Adapter, Role, Tenant
 from tenants.services import adapter_local_dir
 from tests.conftest import client_for
-from tests.engines import Engine, engine_start
+from tests.engines import ENGINE_HEADERS, Engine, engine_start
 from tests.factories import MembershipFactory, UserFactory
 from tests.live import Stack, stack_start, wait_for
 from tests.serving import World, world_rows
@@ -92,7 +92,9 @@ class LoraWorld(World):
         return reply.choices[0].text
 
     def engine_adapters(self) -> set[str]:
-        listed = httpx.get(f"{self.engines[0].url}/v1/models", timeout=10).json()["data"]
+        listed = httpx.get(
+            f"{self.engines[0].url}/v1/models", headers=ENGINE_HEADERS, timeout=10
+        ).json()["data"]
         return {m["id"] for m in listed if m.get("parent")}
 
     def adapter_path(self, tenant: Tenant, name: str) -> str:
@@ -222,14 +224,22 @@ def test_an_engine_that_lost_its_adapters_gets_them_back(lora_world: LoraWorld) 
     wait_for(lambda: address in lora_world.models(key))
     expected = lora_world.complete(key, address)
     engine_url = lora_world.engines[0].url
-    httpx.post(f"{engine_url}/v1/unload_lora_adapter", json={"lora_name": f"{address}:1"})
+    httpx.post(
+        f"{engine_url}/v1/unload_lora_adapter",
+        json={"lora_name": f"{address}:1"},
+        headers=ENGINE_HEADERS,
+    )
     assert lora_world.engine_adapters() == set()
     assert lora_world.complete(key, address) == expected
     assert lora_world.engine_adapters() == {f"{address}:1"}
 
     # The probe makes the router's record what the engine holds.
     held = redis_lib.Redis.from_url(lora_world.stack.env["REDIS_URL"])
-    httpx.post(f"{engine_url}/v1/unload_lora_adapter", json={"lora_name": f"{address}:1"})
+    httpx.post(
+        f"{engine_url}/v1/unload_lora_adapter",
+        json={"lora_name": f"{address}:1"},
+        headers=ENGINE_HEADERS,
+    )
     replica_probe(replica=lora_world.pool().replicas.get())
     assert held.zrange(lora_world.replica_key(), 0, -1) == []
     # Loaded behind the router's back (as before a restart of ours): found by the probe.
@@ -237,6 +247,7 @@ def test_an_engine_that_lost_its_adapters_gets_them_back(lora_world: LoraWorld) 
     httpx.post(
         f"{engine_url}/v1/load_lora_adapter",
         json={"lora_name": f"{address}:1", "lora_path": path},
+        headers=ENGINE_HEADERS,
     ).raise_for_status()
     replica_probe(replica=lora_world.pool().replicas.get())
     assert held.zrange(lora_world.replica_key(), 0, -1) == [f"{address}:1".encode()]
@@ -245,6 +256,7 @@ def test_an_engine_that_lost_its_adapters_gets_them_back(lora_world: LoraWorld) 
     httpx.post(
         f"{engine_url}/v1/load_lora_adapter",
         json={"lora_name": f"{address}:9", "lora_path": path},
+        headers=ENGINE_HEADERS,
     ).raise_for_status()
     replica_probe(replica=lora_world.pool().replicas.get())
     assert lora_world.engine_adapters() == {f"{address}:1"}

@@ -3,23 +3,43 @@ addressed storage, rejections with a reason and nothing left behind, roles and o
 
 from __future__ import annotations
 
+import os
+import signal
+import struct
+import subprocess
+import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+from kombu import Queue
 
+from controlplane.celery import app as celery_app
 from inference.models import Model, Pool
 from inference.services import adapter_retire
+from tenants.lora import WEIGHTS
 from tenants.models import Adapter, AuditEvent
-from tenants.services import adapter_validate
-from tests.conftest import TenantPeople, client_for
+from tenants.services import adapter_reject, adapter_validate
+from tenants.tasks import adapter_validate_task, adapters_stuck_reject_task
+from tests.conftest import TenantPeople, client_for, test_database_url
+from tests.live import wait_for
 from tests.tenants.test_lora import (
     GOOD,
+    MB,
+    STORED_GOOD,
     TINY_CONFIG,
+    _patch_zip,
     config,
+    deeply_nested,
     lora_tensors,
     safetensors,
+    tar_of,
     zip_of,
 )
 
@@ -270,3 +290,249 @@ def test_with_storage_without_local_paths_engines_get_a_cached_copy(
     from django.core.files.storage import default_storage
 
     assert not default_storage.exists(f"adapters/{adapter.sha256}/adapter_config.json")
+
+
+# --- Every upload ends in a verdict ---------------------------------------------------------
+
+
+def _nested_header() -> bytes:
+    raw = b'{"a": ' + deeply_nested(100_000) + b"}"
+    return struct.pack("<Q", len(raw)) + raw
+
+
+@pytest.mark.parametrize(
+    ("files", "reason"),
+    [
+        (
+            # 60 KB uploaded; its README (skipped) inflates to 16 MiB, past the 1 MiB cap.
+            {"archive": ("bot.tar.gz", tar_of({"a/README.md": bytes(16 * MB), **STORED_GOOD}))},
+            "far more than an adapter",
+        ),
+        (
+            {
+                "adapter_config": (
+                    "adapter_config.json",
+                    config()[:-1] + b', "x": ' + deeply_nested() + b"}",
+                )
+            },
+            "adapter_config.json is nested too deeply",
+        ),
+        ({"adapter_model": ("adapter_model.safetensors", _nested_header())}, "nested too deeply"),
+        (
+            {"archive": ("bot.zip", _patch_zip(zip_of(STORED_GOOD), f"a/{WEIGHTS}", flag=0x1))},
+            "is encrypted",
+        ),
+        (
+            {"archive": ("bot.zip", _patch_zip(zip_of(STORED_GOOD), f"a/{WEIGHTS}", crc_xor=1))},
+            "The .zip archive is damaged (BadZipFile)",
+        ),
+    ],
+)
+def test_content_that_used_to_leave_a_version_validating_is_rejected(
+    people: TenantPeople,
+    served: Path,
+    settings: Any,
+    django_capture_on_commit_callbacks: Any,
+    files: dict[str, tuple[str, bytes]],
+    reason: str,
+) -> None:
+    settings.ADAPTER_MAX_BYTES = 1 * MB
+    uploads = {part: SimpleUploadedFile(name, data) for part, (name, data) in files.items()}
+    if "archive" not in uploads:
+        uploads = {**_two_files(), **uploads}
+    response, _ = _upload(people, "developer", django_capture_on_commit_callbacks, **uploads)
+    assert response.status_code == 202, response.content
+    adapter_validate_task.apply((Adapter.objects.get().pk,))
+    shown = client_for(people.developer).get("/api/tenants/acme/adapters/support-bot/1/").json()
+    assert shown["status"] == "rejected" and reason in shown["reason"], shown
+    assert _files(served) == []  # staging emptied, nothing stored
+
+
+def test_storage_failures_are_retried_then_rejected_and_staging_removed(
+    people: TenantPeople, served: Path, django_capture_on_commit_callbacks: Any
+) -> None:
+    """Django's own file storage, with its adapters/ location unusable (a file where the
+    directory must be): every try fails writing, then the version gets a verdict."""
+    _upload(people, "developer", django_capture_on_commit_callbacks, **_two_files())
+    (served / "adapters").write_text("in the way of the adapters/ directory")
+    adapter = Adapter.objects.get()
+    assert _files(served) != ["adapters"]  # the upload is staged
+    adapter_validate_task.apply((adapter.pk,))  # eager: each retry runs at once
+    adapter.refresh_from_db()
+    retries = settings.ADAPTER_VALIDATION_RETRIES
+    assert adapter.status == "rejected", adapter.reason
+    assert f"Validation failed {retries + 1} times" in adapter.reason
+    assert "NotADirectoryError" in adapter.reason and "not because of the adapter" in adapter.reason
+    assert _files(served) == ["adapters"]  # the staged upload is gone
+    assert adapter.staging_path == ""
+    events = AuditEvent.objects.filter(tenant=people.tenant, action="adapter.rejected")
+    assert events.count() == 1
+
+
+def test_versions_stuck_validating_are_rejected_by_the_sweep(
+    people: TenantPeople, served: Path, django_capture_on_commit_callbacks: Any
+) -> None:
+    """A worker killed at the hard time limit, or a task lost with Redis: nothing stays
+    validating past the deadline, and its staging goes with the verdict."""
+    for _ in range(3):
+        _upload(people, "developer", django_capture_on_commit_callbacks, **_two_files())
+    stuck, recent, left_over = Adapter.objects.order_by("version")
+    Adapter.objects.filter(pk=stuck.pk).update(created_at=timezone.now() - timedelta(minutes=31))
+    # A verdict whose staging the storage failed to remove at the time.
+    Adapter.objects.filter(pk=left_over.pk).update(status="rejected", reason="earlier")
+    schedule = settings.CELERY_BEAT_SCHEDULE
+    assert any(e["task"] == adapters_stuck_reject_task.name for e in schedule.values())
+
+    adapters_stuck_reject_task.apply()
+
+    stuck.refresh_from_db()
+    assert stuck.status == "rejected"
+    assert "did not finish within 30 minutes" in stuck.reason and stuck.staging_path == ""
+    recent.refresh_from_db()
+    assert recent.status == "validating"
+    left_over.refresh_from_db()
+    assert (left_over.reason, left_over.staging_path) == ("earlier", "")
+    assert [f for f in _files(served) if f.startswith("adapter-uploads/")] == [
+        f"{recent.staging_path}{part}" for part in ("adapter_config", "adapter_model")
+    ]
+    # The late task, when it comes, changes nothing.
+    assert adapter_validate(adapter_id=stuck.pk).status == "rejected"
+
+
+def test_validation_runs_on_its_own_queue() -> None:
+    router = celery_app.amqp.router
+    assert router.route({}, adapter_validate_task.name)["queue"].name == "adapters"
+    # Probes, metering and rollups stay on the default queue.
+    for task in ("inference.tasks.replicas_probe_all", "billing.tasks.usage_spool_flush_task"):
+        assert router.route({}, task)["queue"].name == "celery"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_validation_that_hangs_is_stopped_by_the_time_limit(
+    people: TenantPeople, served: Path, tmp_path: Path
+) -> None:
+    """A real worker for the adapters queue (as the Procfile runs it) and storage that never
+    answers (a FIFO nobody writes: open() blocks): the soft time limit rejects the version."""
+    response = client_for(people.developer).post(
+        UPLOAD, {"name": "support-bot", **_two_files()}, format="multipart"
+    )
+    assert response.status_code == 202
+    adapter = Adapter.objects.get()
+    staged = served / adapter.staging_path / "adapter_config"
+    staged.unlink()
+    os.mkfifo(staged)
+    # The upload's message carries this process's limits (300 s): send one with 1 s instead.
+    with celery_app.connection_for_write() as connection:
+        assert Queue("adapters", channel=connection.default_channel).purge() == 1
+    adapter_validate_task.apply_async((adapter.pk,), soft_time_limit=1, time_limit=31)
+    env = {
+        **os.environ,
+        "DATABASE_URL": test_database_url(),
+        "INFERPLANE_MEDIA_ROOT": str(served),
+        "INFERPLANE_ADAPTER_VALIDATION_SECONDS": "1",
+    }
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "celery", "-A", "controlplane", "worker"),
+                *("-Q", "adapters", "-n", "adapters-test@%h", "--concurrency", "1"),
+                *("--without-heartbeat", "--without-gossip", "--without-mingle"),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            wait_for(
+                lambda: Adapter.objects.filter(pk=adapter.pk, status="rejected").exists(),
+                timeout=60,
+            )
+        except AssertionError:
+            raise AssertionError(log_path.read_text()[-3000:]) from None
+        finally:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=30)
+    adapter.refresh_from_db()
+    assert "Validation took too long (over 1 seconds)" in adapter.reason
+    assert adapter.staging_path == "" and _files(served) == []
+
+
+# --- Quotas ---------------------------------------------------------------------------------
+
+
+def test_an_upload_over_the_version_quota_is_refused_and_stores_nothing(
+    people: TenantPeople, served: Path, settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    settings.ADAPTER_MAX_VERSIONS_PER_TENANT = 2
+    for _ in range(2):
+        response, _ = _upload(
+            people, "developer", django_capture_on_commit_callbacks, **_two_files()
+        )
+        assert response.status_code == 202
+    stored = _files(served)
+    response, queued = _upload(
+        people, "developer", django_capture_on_commit_callbacks, **_two_files()
+    )
+    assert response.status_code == 400
+    (message,) = response.json()["non_field_errors"]
+    assert "already keeps 2 adapter versions, the most allowed (2)" in message
+    assert Adapter.objects.count() == 2 and _files(served) == stored and queued == []
+    # Another tenant's member learns nothing about acme, and globex has its own quota.
+    outsider = client_for(people.outsider)
+    assert (
+        outsider.post(UPLOAD, {"name": "x", **_two_files()}, format="multipart").status_code == 404
+    )
+    with django_capture_on_commit_callbacks():
+        theirs = outsider.post(
+            "/api/tenants/globex/adapters/upload/",
+            {"name": "x", **_two_files()},
+            format="multipart",
+        )
+    assert theirs.status_code == 202 and Adapter.objects.filter(tenant__slug="globex").count() == 1
+    # Deleted versions stop counting.
+    with django_capture_on_commit_callbacks():
+        client_for(people.owner).post("/api/tenants/acme/adapters/support-bot/1/delete/")
+    response, _ = _upload(people, "developer", django_capture_on_commit_callbacks, **_two_files())
+    assert response.status_code == 202
+
+
+def test_an_upload_over_the_byte_quota_is_refused(
+    people: TenantPeople, served: Path, settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    one = sum(len(f.read()) for f in _two_files().values())
+    settings.ADAPTER_MAX_BYTES_PER_TENANT = one + one // 2
+    response, _ = _upload(people, "developer", django_capture_on_commit_callbacks, **_two_files())
+    assert response.status_code == 202  # validating: counted by its staged size
+    response, _ = _upload(people, "developer", django_capture_on_commit_callbacks, **_two_files())
+    assert response.status_code == 400
+    (message,) = response.json()["non_field_errors"]
+    assert f"would bring Acme's adapters to {2 * one:,} bytes" in message.replace(
+        people.tenant.name, "Acme"
+    )
+    assert Adapter.objects.count() == 1
+    # A rejected version keeps no bytes.
+    adapter_reject(adapter_id=Adapter.objects.get().pk, reason="for the test")
+    response, _ = _upload(people, "developer", django_capture_on_commit_callbacks, **_two_files())
+    assert response.status_code == 202
+
+
+def test_the_dashboard_shows_the_quota_as_a_form_error(
+    people: TenantPeople, served: Path, settings: Any
+) -> None:
+    settings.ADAPTER_MAX_VERSIONS_PER_TENANT = 1
+    client = Client()
+    client.force_login(people.developer)
+    url = reverse("dashboard:adapters", args=["acme"])
+    first = client.post(url, {"name": "bot", **_two_files()})
+    assert first.status_code == 302
+    stored = _files(served)
+    second = client.post(url, {"name": "bot", **_two_files()})
+    assert second.status_code == 400
+    assert "the most allowed (1)" in second.content.decode()
+    assert Adapter.objects.count() == 1 and _files(served) == stored
+    outsider = Client()
+    outsider.force_login(people.outsider)
+    assert outsider.post(url, {"name": "bot", **_two_files()}).status_code == 404
+    assert Adapter.objects.count() == 1

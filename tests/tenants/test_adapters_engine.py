@@ -14,7 +14,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from tenants.models import Adapter
 from tenants.services import adapter_local_dir, adapter_validate
 from tests.conftest import TenantPeople, client_for
-from tests.engines import Engine, engine_start
+from tests.engines import ENGINE_HEADERS, Engine, engine_start
 from tests.tenants.test_adapters import served  # noqa: F401  (fixture)
 from tests.tenants.test_lora import config, lora_tensors, safetensors, scaled_weights
 
@@ -31,6 +31,7 @@ def _greedy(engine: Engine, model: str) -> str:
     response = httpx.post(
         f"{engine.url}/v1/completions",
         json={"model": model, "prompt": "Hello there", "max_tokens": 12, "temperature": 0},
+        headers=ENGINE_HEADERS,
         timeout=60,
     )
     response.raise_for_status()
@@ -74,6 +75,7 @@ def test_a_validated_adapter_loads_and_changes_the_output(
                 "lora_name": f"acme/{adapter.name}",
                 "lora_path": adapter_local_dir(adapter=adapter),
             },
+            headers=ENGINE_HEADERS,
             timeout=60,
         )
         assert loaded.status_code == 200, loaded.text

@@ -11,9 +11,9 @@ from django.db import connection
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from tenants.models import ApiKey, AuditEvent, Membership, Role, Tenant
+from tenants.models import ApiKey, AuditEvent, Invitation, Membership, Role, Tenant, User
 from tenants.selectors import api_key_authenticate
-from tenants.services import api_key_create
+from tenants.services import api_key_create, invitation_create
 from tests.conftest import TenantPeople, client_for
 from tests.factories import MembershipFactory, UserFactory
 
@@ -27,6 +27,7 @@ class World:
     people: TenantPeople
     key: ApiKey  # created by the owner
     extra: Membership  # a developer nobody else depends on
+    invitation: Invitation  # an open one, sent by the owner
 
     def kwargs(self, needs: str) -> dict[str, Any]:
         kw: dict[str, Any] = {"slug": self.people.tenant.slug}
@@ -34,6 +35,8 @@ class World:
             kw["key_id"] = self.key.pk
         elif needs == "member":
             kw["membership_id"] = self.extra.pk
+        elif needs == "invitation":
+            kw["invitation_id"] = self.invitation.pk
         return kw
 
 
@@ -42,7 +45,10 @@ def world(people: TenantPeople) -> World:
     key = api_key_create(tenant=people.tenant, name="prod", created_by=people.owner).api_key
     extra = MembershipFactory.create(tenant=people.tenant, role=Role.DEVELOPER)
     UserFactory(username="newbie")
-    return World(people=people, key=key, extra=extra)
+    invitation = invitation_create(
+        tenant=people.tenant, role=Role.VIEWER, actor=people.owner, actor_role=Role.OWNER
+    ).invitation
+    return World(people=people, key=key, extra=extra, invitation=invitation)
 
 
 # (method, url name, what the URL needs, body, expected status per persona in PERSONAS order)
@@ -52,13 +58,9 @@ MATRIX: list[tuple[str, str, str, dict[str, Any], list[int]]] = [
     ("get", "tenant-limits", "", {}, [200, 200, 200, 200, 200, 404, 200]),
     ("post", "tenant-limits-update", "", {"rpm": 9}, [403, 403, 403, 403, 403, 404, 200]),
     ("get", "member-list", "", {}, [200, 200, 200, 200, 200, 404, 200]),
-    (
-        "post",
-        "member-create",
-        "",
-        {"user": "newbie", "role": "viewer"},
-        [201, 201, 403, 403, 403, 404, 201],
-    ),
+    ("get", "invitation-list", "", {}, [200, 200, 403, 403, 403, 404, 200]),
+    ("post", "invitation-create", "", {"role": "viewer"}, [201, 201, 403, 403, 403, 404, 201]),
+    ("post", "invitation-revoke", "invitation", {}, [200, 200, 403, 403, 403, 404, 200]),
     ("post", "member-update", "member", {"role": "finance"}, [200, 200, 403, 403, 403, 404, 200]),
     ("post", "member-remove", "member", {}, [204, 204, 403, 403, 403, 404, 204]),
     ("get", "key-list", "", {}, [200, 200, 200, 200, 200, 404, 200]),
@@ -112,6 +114,8 @@ def test_outsider_cannot_reach_objects_through_own_tenant(
     world.key.refresh_from_db()
     assert world.key.revoked_at is None and world.key.rpm is None
     assert Membership.objects.filter(pk=world.extra.pk, role=Role.DEVELOPER).exists()
+    world.invitation.refresh_from_db()
+    assert world.invitation.is_open
 
 
 def test_unauthenticated_gets_401(world: World, api: APIClient) -> None:
@@ -334,6 +338,177 @@ def test_any_member_may_leave(world: World) -> None:
     assert not Membership.objects.filter(pk=viewer.pk).exists()
 
 
+# --- Invitations: the only way in -------------------------------------------------------------
+
+
+def _invite(client: APIClient, role: str, slug: str = "acme") -> Any:
+    return client.post(
+        reverse("tenants:invitation-create", kwargs={"slug": slug}), {"role": role}, format="json"
+    )
+
+
+def _pending(client: APIClient) -> list[dict[str, Any]]:
+    response = client.get(reverse("tenants:invitation-list", kwargs={"slug": "acme"}))
+    assert response.status_code == 200
+    return list(response.json()["results"])
+
+
+def _accept(user: User, token: str) -> Any:
+    return client_for(user).post(
+        reverse("tenants:invitation-accept"), {"token": token}, format="json"
+    )
+
+
+def test_nobody_is_added_by_username_or_email_and_no_answer_tells_who_exists(
+    world: World,
+) -> None:
+    """The old add-by-name endpoint is gone; the same call for an existing user, their email
+    and a made-up name gets the same answer, and nobody becomes a member."""
+    owner = client_for(world.people.owner)
+    answers = [
+        owner.post(
+            "/api/tenants/acme/members/create/", {"user": ident, "role": "viewer"}, format="json"
+        )
+        for ident in ("newbie", "newbie@example.com", "nobody-here", "ghost@example.com")
+    ]
+    assert {a.status_code for a in answers} == {404}
+    assert len({a.content for a in answers}) == 1
+    # Inviting names no one: whatever user or email is sent along, the answer has one shape
+    # and speaks of no account.
+    made = [
+        owner.post(
+            reverse("tenants:invitation-create", kwargs={"slug": "acme"}),
+            {"role": "viewer", "user": ident, "email": ident},
+            format="json",
+        )
+        for ident in ("newbie", "nobody-here@example.com")
+    ]
+    assert [m.status_code for m in made] == [201, 201]
+    assert made[0].json().keys() == made[1].json().keys()
+    assert not any("newbie" in m.content.decode() for m in made)
+    assert not Membership.objects.filter(user__username="newbie").exists()
+
+
+def test_an_api_invitation_is_shown_once_and_accepting_it_joins(world: World) -> None:
+    owner = client_for(world.people.owner)
+    response = _invite(owner, "developer")
+    assert response.status_code == 201 and response["Cache-Control"] == "no-store"
+    body = response.json()
+    token, url = body["token"], body["url"]
+    assert url == f"http://testserver/app/join/{token}/"
+    assert (body["role"], body["status"], body["created_by"]) == ("developer", "pending", "owner")
+    invitation = Invitation.objects.get(pk=body["id"])
+    assert token not in invitation.token_hash  # stored hashed
+    listed = [i for i in _pending(owner) if i["id"] == body["id"]]
+    assert listed and "token" not in listed[0] and "url" not in listed[0]
+
+    newbie = User.objects.get(username="newbie")
+    joined = _accept(newbie, token)
+    assert joined.status_code == 201, joined.content
+    assert joined.json()["role"] == "developer"
+    assert Membership.objects.get(tenant=world.people.tenant, user=newbie).role == Role.DEVELOPER
+    detail = client_for(newbie).get(reverse("tenants:tenant-detail", kwargs={"slug": "acme"}))
+    assert detail.status_code == 200
+    assert body["id"] not in [i["id"] for i in _pending(owner)]
+    # Once only: nobody else gets in with it.
+    again = _accept(world.people.outsider, token)
+    assert again.status_code == 400 and "no longer valid" in again.json()["token"][0]
+    assert not Membership.objects.filter(tenant=world.people.tenant, user=world.people.outsider)
+    assert _accept(world.people.outsider, "made-up").status_code == 400
+
+
+def test_the_dashboard_link_of_an_api_invitation_joins(world: World) -> None:
+    from django.test import Client
+
+    url = _invite(client_for(world.people.admin), "finance").json()["url"]
+    browser = Client()
+    browser.force_login(world.people.outsider)
+    path = url.removeprefix("http://testserver")
+    assert browser.post(path).status_code == 302
+    assert Membership.objects.get(tenant=world.people.tenant, user=world.people.outsider).role == (
+        Role.FINANCE
+    )
+
+
+def test_only_owners_invite_owners_and_revoking_stops_a_link(world: World) -> None:
+    admin = client_for(world.people.admin)
+    refused = _invite(admin, "owner")
+    assert refused.status_code == 403 and not Invitation.objects.filter(role=Role.OWNER)
+    made = _invite(client_for(world.people.owner), "owner").json()
+    revoked = admin.post(
+        reverse("tenants:invitation-revoke", kwargs={"slug": "acme", "invitation_id": made["id"]})
+    )
+    assert revoked.status_code == 200 and revoked.json()["status"] == "revoked"
+    assert _accept(world.people.outsider, made["token"]).status_code == 400
+    assert made["id"] not in [i["id"] for i in _pending(admin)]
+
+
+def test_removing_or_demoting_an_inviter_revokes_their_pending_invitations(world: World) -> None:
+    people = world.people
+    owner = client_for(people.owner)
+    # A second owner sends an owner and a viewer invitation, the admin a developer one.
+    second = _membership(people, "developer")
+    owner.post(
+        reverse("tenants:member-update", kwargs={"slug": "acme", "membership_id": second.pk}),
+        {"role": "owner"},
+        format="json",
+    )
+    as_owner = _invite(client_for(people.developer), "owner").json()
+    as_viewer = _invite(client_for(people.developer), "viewer").json()
+    by_admin = _invite(client_for(people.admin), "developer").json()
+
+    # Demoted to admin: may no longer grant "owner", still may grant "viewer".
+    owner.post(
+        reverse("tenants:member-update", kwargs={"slug": "acme", "membership_id": second.pk}),
+        {"role": "admin"},
+        format="json",
+    )
+    pending = {i["id"] for i in _pending(owner)}
+    assert as_owner["id"] not in pending and as_viewer["id"] in pending
+    # Demoted to a role that cannot invite: the rest goes too.
+    owner.post(
+        reverse("tenants:member-update", kwargs={"slug": "acme", "membership_id": second.pk}),
+        {"role": "viewer"},
+        format="json",
+    )
+    assert as_viewer["id"] not in {i["id"] for i in _pending(owner)}
+    # Removed: everything the admin sent is revoked.
+    admin_m = _membership(people, "admin")
+    owner.post(
+        reverse("tenants:member-remove", kwargs={"slug": "acme", "membership_id": admin_m.pk})
+    )
+    assert by_admin["id"] not in {i["id"] for i in _pending(owner)}
+    for made in (as_owner, as_viewer, by_admin):
+        assert Invitation.objects.get(pk=made["id"]).revoked_at is not None
+        assert _accept(people.outsider, made["token"]).status_code == 400
+    assert not Membership.objects.filter(tenant=people.tenant, user=people.outsider).exists()
+    reasons = AuditEvent.objects.filter(action="invitation.revoke").values_list(
+        "details__reason", flat=True
+    )
+    assert set(reasons) == {"inviter now admin", "inviter now viewer", "inviter removed"}
+    # The owner's own invitation (from the fixture) is untouched.
+    assert world.invitation.pk in {i["id"] for i in _pending(owner)}
+
+
+@pytest.mark.parametrize("change", ["role", "deactivated", "staff"])
+def test_accepting_checks_that_the_inviter_still_may_invite(world: World, change: str) -> None:
+    """However the inviter lost the right (a role changed outside the services, an account
+    deactivated, staff rights taken away), their link no longer works."""
+    people = world.people
+    inviter = people.staff if change == "staff" else people.admin
+    token = _invite(client_for(inviter), "developer").json()["token"]
+    if change == "role":
+        Membership.objects.filter(tenant=people.tenant, user=inviter).update(role=Role.FINANCE)
+    elif change == "deactivated":
+        User.objects.filter(pk=inviter.pk).update(is_active=False)
+    else:
+        User.objects.filter(pk=inviter.pk).update(is_staff=False)
+    refused = _accept(people.outsider, token)
+    assert refused.status_code == 400
+    assert "may no longer invite" in refused.json()["token"][0]
+    assert not Membership.objects.filter(tenant=people.tenant, user=people.outsider).exists()
+
+
 # --- Bad input -------------------------------------------------------------------------------
 
 BAD: list[tuple[str, str, str, Any, str]] = [
@@ -364,9 +539,8 @@ BAD: list[tuple[str, str, str, Any, str]] = [
     ("tenant-limits-update", "", "staff", {"max_concurrency": 10**12}, "max_concurrency"),
     ("tenant-update", "", "staff", {"status": "deleted"}, "status"),
     ("tenant-update", "", "staff", {"weight": 0}, "weight"),
-    ("member-create", "", "owner", {"user": "nobody-here", "role": "viewer"}, "user"),
-    ("member-create", "", "owner", {"user": "viewer", "role": "viewer"}, "user"),
-    ("member-create", "", "owner", {"user": "newbie", "role": "god"}, "role"),
+    ("invitation-create", "", "owner", {"role": "god"}, "role"),
+    ("invitation-create", "", "owner", {}, "role"),
     ("member-update", "member", "owner", {"role": ""}, "role"),
 ]
 
@@ -416,7 +590,8 @@ def test_duplicate_tenant_slug_is_400(world: World) -> None:
 AUDITED: list[tuple[str, str, dict[str, Any], str, str]] = [
     ("tenant-update", "", {"weight": 4}, "staff", "tenant.update"),
     ("tenant-limits-update", "", {"tpm": 100}, "staff", "tenant.limits"),
-    ("member-create", "", {"user": "newbie", "role": "viewer"}, "owner", "member.add"),
+    ("invitation-create", "", {"role": "viewer"}, "owner", "invitation.create"),
+    ("invitation-revoke", "invitation", {}, "admin", "invitation.revoke"),
     ("member-update", "member", {"role": "viewer"}, "admin", "member.role"),
     ("member-remove", "member", {}, "owner", "member.remove"),
     ("key-create", "", {"name": "k"}, "developer", "api_key.create"),
@@ -488,3 +663,6 @@ def test_openapi_schema_lists_the_operations(world: World, api: APIClient) -> No
     paths = response.json()["paths"]
     assert "/api/tenants/{slug}/keys/create/" in paths
     assert "/api/tenants/{slug}/keys/{key_id}/rotate/" in paths
+    assert "/api/tenants/{slug}/invitations/create/" in paths
+    assert "/api/invitations/accept/" in paths
+    assert "/api/tenants/{slug}/members/create/" not in paths

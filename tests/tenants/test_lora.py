@@ -291,3 +291,148 @@ def test_archive_bombs_are_refused(tmp_path: Path) -> None:
     tar_bomb.write_bytes(tar_of({f"a/{CONFIG}": config(), f"a/{WEIGHTS}": zeros}))
     with pytest.raises(Rejected, match="far more than an adapter"):
         unpack(tar_bomb, tmp_path, max_bytes=8 * MB)
+
+
+# --- Hostile content that used to escape the verdict ----------------------------------------
+
+
+def deeply_nested(depth: int = 20_000) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def test_deeply_nested_json_is_refused_with_a_reason(tmp_path: Path) -> None:
+    nested_config = b'{"peft_type": "LORA", "r": 8, "target_modules": ' + deeply_nested() + b"}"
+    with pytest.raises(Rejected, match="nested too deeply"):
+        check(write_adapter(tmp_path / "config", cfg=nested_config))
+    raw = b'{"a": ' + deeply_nested(100_000) + b"}"
+    nested_header = struct.pack("<Q", len(raw)) + raw
+    with pytest.raises(Rejected, match="nested too deeply"):
+        check(write_adapter(tmp_path / "header", weights=nested_header))
+
+
+@pytest.mark.parametrize(
+    ("weights", "reason"),
+    [
+        (
+            safetensors(
+                lora_tensors(),
+                tamper=lambda h: h[
+                    "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+                ].update(dtype=["F32"]),
+            ),
+            "use F32, F16 or BF16",
+        ),
+    ],
+)
+def test_odd_json_types_are_refused_with_a_reason(
+    tmp_path: Path, weights: bytes, reason: str
+) -> None:
+    with pytest.raises(Rejected, match=reason):
+        check(write_adapter(tmp_path, weights=weights))
+
+
+@pytest.mark.parametrize(
+    ("cfg", "reason"),
+    [
+        (config(lora_alpha=10**400), "lora_alpha must be a finite number"),
+        (config(lora_alpha=float("nan")), "lora_alpha must be a finite number"),
+        (config(base_model_name_or_path=["tiny-chat"]), "base_model_name_or_path must be"),
+    ],
+)
+def test_odd_config_values_are_refused_with_a_reason(
+    tmp_path: Path, cfg: bytes, reason: str
+) -> None:
+    with pytest.raises(Rejected, match=reason):
+        check(write_adapter(tmp_path, cfg=cfg))
+
+
+def _patch_zip(payload: bytes, name: str, *, flag: int = 0, crc_xor: int = 0) -> bytes:
+    """``payload`` with the headers (local and central) of entry ``name`` changed: flag
+    bits set (bit 0: encrypted, as `zip -e` marks an entry) and/or its CRC-32 altered."""
+    data = bytearray(payload)
+    encoded = name.encode()
+    # (signature, offset of the flag bits, of the CRC-32, of the file name) per header kind
+    for signature, flag_at, crc_at, name_at in (
+        (b"PK\x03\x04", 6, 14, 30),
+        (b"PK\x01\x02", 8, 16, 46),
+    ):
+        start = data.find(signature)
+        while start >= 0:
+            if data[start + name_at : start + name_at + len(encoded)] == encoded:
+                bits = struct.unpack_from("<H", data, start + flag_at)[0]
+                struct.pack_into("<H", data, start + flag_at, bits | flag)
+                crc = struct.unpack_from("<I", data, start + crc_at)[0]
+                struct.pack_into("<I", data, start + crc_at, crc ^ crc_xor)
+            start = data.find(signature, start + 4)
+    return bytes(data)
+
+
+def sparse_tar(real_size: int = 4096) -> bytes:
+    """A .tar.gz whose weights are a GNU sparse member (512 stored bytes, ``real_size`` once
+    the holes are filled in): what `tar --sparse` writes."""
+    info = tarfile.TarInfo(f"a/{WEIGHTS}")
+    info.type = tarfile.GNUTYPE_SPARSE
+    info.size = 512
+    block = bytearray(info.tobuf(format=tarfile.GNU_FORMAT)[:512])
+    block[386:398] = b"%011o\0" % 0  # one data region: offset 0 ...
+    block[398:410] = b"%011o\0" % 512  # ... 512 bytes long
+    block[483:495] = b"%011o\0" % real_size
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        cfg = tarfile.TarInfo(f"a/{CONFIG}")
+        cfg.size = len(config())
+        tf.addfile(cfg, io.BytesIO(config()))
+        tf.fileobj.write(bytes(block) + b"\x01" * 512)  # what addfile() would write
+        tf.offset += 1024
+    return buf.getvalue()
+
+
+def corrupted(payload: bytes) -> bytes:
+    """``payload`` with 64 bytes in the middle of its compressed data overwritten."""
+    middle = len(payload) // 2
+    return payload[:middle] + b"\xa5" * 64 + payload[middle + 64 :]
+
+
+STORED_GOOD = {f"a/{CONFIG}": config(), f"a/{WEIGHTS}": safetensors(lora_tensors())}
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        # Entries that are skipped still count: tarfile inflates them to reach the next one.
+        (tar_of({"a/README.md": bytes(16 * MB), **STORED_GOOD}), "far more than an adapter"),
+        (tar_of({"a/": b"", "a/.gitattributes": bytes(16 * MB), **STORED_GOOD}), "far more"),
+        (zip_of({"a/README.md": bytes(16 * MB), **STORED_GOOD}), "far more than an adapter"),
+        (_patch_zip(zip_of(STORED_GOOD), f"a/{WEIGHTS}", flag=0x1), "encrypted"),
+        (_patch_zip(zip_of(STORED_GOOD), f"a/{WEIGHTS}", crc_xor=0xFFFF), "damaged"),
+        (corrupted(zip_of(STORED_GOOD)), "damaged"),
+        (corrupted(tar_of(STORED_GOOD)), "damaged"),
+        (sparse_tar(), "sparse"),
+    ],
+)
+def test_archives_that_used_to_escape_are_refused(
+    tmp_path: Path, payload: bytes, reason: str
+) -> None:
+    archive = tmp_path / "upload"
+    archive.write_bytes(payload)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(Rejected, match=reason):
+        unpack(archive, out, max_bytes=1 * MB)
+
+
+def test_a_pax_header_cannot_inflate_past_the_cap(tmp_path: Path) -> None:
+    """tarfile reads a pax extended header into memory whole, before any member is seen."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in STORED_GOOD.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.pax_headers = {"comment": "x" * (8 * MB)} if name.endswith(CONFIG) else {}
+            tf.addfile(info, io.BytesIO(data))
+    archive = tmp_path / "upload"
+    archive.write_bytes(buf.getvalue())
+    with pytest.raises(Rejected, match="far more than an adapter"):
+        unpack(archive, tmp_path, max_bytes=1 * MB)

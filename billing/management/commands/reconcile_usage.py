@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from billing.reconcile import usage_reconcile
-from billing.services import usage_spool_flush
+from billing.spool import usage_spool_flush
 from inference.models import Pool
 from inference.selectors import pool_get
 

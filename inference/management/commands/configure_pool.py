@@ -14,7 +14,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
-        parser.add_argument("--max-inflight", help="Requests admitted at once per ready replica.")
+        parser.add_argument(
+            "--max-inflight",
+            help="Sequences admitted at once per ready replica (a request of n=4 is four).",
+        )
         parser.add_argument("--policy", help="vtc (token-fair between tenants) or fcfs.")
         parser.add_argument("--max-queue-wait", help="Seconds a request may wait for admission.")
         parser.add_argument(
@@ -22,6 +25,17 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--max-lora-rank", help="The engines' --max-lora-rank: the highest adapter rank."
+        )
+        parser.add_argument(
+            "--discovery",
+            help="Where the replicas come from: 'static' (registered by hand) or "
+            "http(s)://SERVICE-NAME:PORT (every address of that DNS name is a replica, "
+            "re-resolved at every probe round).",
+        )
+        parser.add_argument(
+            "--drain-grace",
+            help="Seconds a replica whose address left DNS may keep running requests before "
+            "it is removed regardless.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -48,11 +62,15 @@ class Command(BaseCommand):
                 max_lora_rank=parse_positive_int(
                     options["max_lora_rank"], option="--max-lora-rank", maximum=512
                 ),
+                discovery=options["discovery"],
+                drain_grace_seconds=parse_positive_int(
+                    options["drain_grace"], option="--drain-grace", maximum=86400
+                ),
             )
         except ValidationError as exc:
             raise CommandError(validation_message(exc)) from None
         self.stdout.write(
             f"{pool.name}: max_inflight={pool.max_inflight} policy={pool.policy} "
             f"max_queue_wait={pool.max_queue_wait_seconds}s max_loras={pool.max_loras} "
-            f"max_lora_rank={pool.max_lora_rank}"
+            f"max_lora_rank={pool.max_lora_rank} discovery={pool.discovery_url}"
         )

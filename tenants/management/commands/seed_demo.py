@@ -19,6 +19,7 @@ from django.db import transaction
 
 from billing.models import Price
 from billing.services import price_set
+from controlplane.commands import validation_message
 from inference.services import model_ensure, pool_ensure
 from tenants.models import Membership, Role, Tenant, User
 from tenants.selectors import api_key_authenticate
@@ -37,6 +38,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--online-url", default="http://127.0.0.1:8101")
         parser.add_argument("--batch-url", default="http://127.0.0.1:8102")
+        parser.add_argument(
+            "--online-discovery",
+            help="Instead of --online-url: http://SERVICE-NAME:PORT, every address of that "
+            "DNS name is a replica (configure_pool --discovery).",
+        )
+        parser.add_argument("--batch-discovery", help="The same for the batch pool.")
         parser.add_argument("--model-name", default="tiny-chat")
         parser.add_argument("--context-length", type=int, default=1024)
 
@@ -83,10 +90,18 @@ class Command(BaseCommand):
             )
         except ValidationError as exc:
             raise CommandError(f"--model-name {name!r}: {' '.join(exc.messages)}") from None
-        pool_ensure(
-            name="online", kind="dedicated", model=model, replica_urls=[options["online_url"]]
-        )
-        pool_ensure(name="batch", kind="spot", model=model, replica_urls=[options["batch_url"]])
+        for pool, kind in (("online", "dedicated"), ("batch", "spot")):
+            discovery = options[f"{pool}_discovery"]
+            try:
+                pool_ensure(
+                    name=pool,
+                    kind=kind,
+                    model=model,
+                    replica_urls=[] if discovery else [options[f"{pool}_url"]],
+                    discovery=discovery or "static",
+                )
+            except ValidationError as exc:
+                raise CommandError(f"pool {pool}: {validation_message(exc)}") from None
         if not Price.objects.filter(model=model, tenant=None).exists():
             # A demo list price, so usage shows costs from the first request.
             price_set(

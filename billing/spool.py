@@ -1,0 +1,164 @@
+"""The usage spool: where the gateways leave usage records for the ledger, in Redis.
+
+A Redis Stream (``ip:usage:stream``) read through a consumer group, rather than a list and a
+lock. Each flusher reads a batch (``XREADGROUP``), inserts it (idempotent on ``request_id``),
+and only then acknowledges and deletes exactly the entries it read (``XACK`` + ``XDEL``).
+Entries a flusher read but never acknowledged — it died, or sat behind a locked table for
+longer than ``INFERPLANE_USAGE_CLAIM_IDLE_SECONDS`` — are claimed by the next flusher
+(``XAUTOCLAIM``) and inserted again, which the unique ``request_id`` absorbs. So any number
+of flushers can run at once, nothing is deleted before it is committed, and nothing depends
+on a lock's expiry: the ledger can neither lose nor double a record.
+
+A record the database cannot take (anything but an outage: bad data, a record a later
+version of the code cannot price) is moved to a dead-letter list (``ip:usage:dead``, logged
+as an error) so that it cannot block the records behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from typing import Any, cast
+
+import orjson
+import redis
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
+
+from controlplane.redis import redis_sync
+
+log = logging.getLogger(__name__)
+
+USAGE_STREAM = "ip:usage:stream"
+USAGE_GROUP = "ledger"
+DEAD_LETTERS = "ip:usage:dead"
+# Before the stream, the spool was a list: drained into the stream by every flush, so records
+# a gateway of the previous version spooled during an upgrade still reach the ledger.
+LEGACY_SPOOL = "ip:usage:spool"
+FLUSH_BATCH = 2000
+FIELD = b"r"
+# What says the database is away (retry later), as opposed to a record it cannot take.
+OUTAGE_ERRORS = (OperationalError, InterfaceError)
+
+_RUN = uuid.uuid4().hex[:8]
+
+
+def _consumer() -> str:
+    """This process's name in the group (computed per call: Celery forks its workers after
+    importing this module, and each process must be a consumer of its own)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{_RUN}"
+
+
+# Moves the legacy list into the stream atomically, up to ARGV[1] items.
+_MIGRATE = """
+local items = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+for _, item in ipairs(items) do redis.call('XADD', KEYS[2], '*', 'r', item) end
+if #items > 0 then redis.call('LTRIM', KEYS[1], #items, -1) end
+return #items
+"""
+
+
+def spool_push(*records: dict[str, Any]) -> None:
+    """Spool records synchronously (the gateway uses its own pipeline; see metering)."""
+    pipe = redis_sync().pipeline(transaction=False)
+    for record in records:
+        pipe.xadd(USAGE_STREAM, {FIELD: orjson.dumps(record)})
+    pipe.execute()
+
+
+def spool_length() -> int:
+    """Records spooled and not yet in the ledger (read-but-unacknowledged ones included)."""
+    return int(cast(int, redis_sync().xlen(USAGE_STREAM)))
+
+
+def _ensure_group(client: redis.Redis) -> None:
+    try:
+        client.xgroup_create(USAGE_STREAM, USAGE_GROUP, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def _next_batch(client: redis.Redis) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """Entries abandoned by another flusher first, then new ones."""
+    idle_ms = settings.INFERPLANE_USAGE_CLAIM_IDLE_SECONDS * 1000
+    claimed = client.xautoclaim(
+        USAGE_STREAM, USAGE_GROUP, _consumer(), min_idle_time=idle_ms, count=FLUSH_BATCH
+    )
+    entries = cast(list[Any], claimed)[1]
+    entries = [e for e in entries if e and e[1]]  # entries deleted meanwhile come back empty
+    if entries:
+        return entries
+    read = client.xreadgroup(USAGE_GROUP, _consumer(), {USAGE_STREAM: ">"}, count=FLUSH_BATCH)
+    if not read:
+        return []
+    return cast(list[Any], read)[0][1]
+
+
+def _dead_letter(client: redis.Redis, item: dict[str, Any]) -> None:
+    log.error("usage spool entry refused by the ledger, kept in %s: %s", DEAD_LETTERS, item)
+    client.rpush(DEAD_LETTERS, orjson.dumps(item, default=str))
+
+
+def _insert(client: redis.Redis, records: list[dict[str, Any]]) -> None:
+    """Insert a batch. A batch the database refuses for its content is retried record by
+    record, and a record refused on its own goes to the dead letters; an outage propagates
+    (the entries stay pending and are retried)."""
+    from billing.services import usage_records_insert
+
+    try:
+        usage_records_insert(records)
+        return
+    except OUTAGE_ERRORS:
+        raise
+    except Exception:
+        log.warning(
+            "the ledger refused a batch of %d records; inserting them one by one", len(records)
+        )
+    for record in records:
+        try:
+            usage_records_insert([record])
+        except OUTAGE_ERRORS:
+            raise
+        except Exception as exc:
+            _dead_letter(client, {"record": record, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def usage_spool_flush(*, max_batches: int = 50) -> int:
+    """Move spooled records into the ledger; safe to run anywhere, any number at once."""
+    client = redis_sync()
+    _ensure_group(client)
+    moved = 0
+    while client.eval(_MIGRATE, 2, LEGACY_SPOOL, USAGE_STREAM, FLUSH_BATCH):
+        pass
+    for _ in range(max_batches):
+        entries = _next_batch(client)
+        if not entries:
+            break
+        records = []
+        for _, fields in entries:
+            try:
+                records.append(orjson.loads(fields[FIELD]))
+            except (KeyError, orjson.JSONDecodeError):
+                _dead_letter(client, {"entry": repr(fields), "error": "unreadable"})
+        if records:
+            _insert(client, records)
+        ids = [entry_id for entry_id, _ in entries]
+        pipe = client.pipeline(transaction=True)
+        pipe.xack(USAGE_STREAM, USAGE_GROUP, *ids)
+        pipe.xdel(USAGE_STREAM, *ids)
+        pipe.execute()
+        moved += len(entries)
+    if not moved:
+        _prune_consumers(client)
+    return moved
+
+
+def _prune_consumers(client: redis.Redis) -> None:
+    """Forget the group's consumers that hold nothing and were idle for an hour (every
+    worker process that ever flushed is one)."""
+    for consumer in cast(list[dict[str, Any]], client.xinfo_consumers(USAGE_STREAM, USAGE_GROUP)):
+        if int(consumer["pending"]) == 0 and int(consumer["idle"]) > 3_600_000:
+            client.xgroup_delconsumer(USAGE_STREAM, USAGE_GROUP, consumer["name"])

@@ -1,0 +1,144 @@
+"""Control API for pools and their replicas: platform staff only.
+
+Like creating tenants, these are operator actions: anyone else gets 403 (the endpoints are
+documented; no pool, replica or URL is revealed). One view per operation.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, extend_schema_field
+from rest_framework import serializers, status
+from rest_framework.permissions import IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from inference import selectors, services
+from inference.models import Pool, Replica
+
+
+class ReplicaOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    url = serializers.CharField()
+    state = serializers.CharField()
+    discovered = serializers.BooleanField(help_text="Added by DNS discovery.")
+    vanished_at = serializers.DateTimeField(
+        allow_null=True, help_text="When its address left the pool's DNS name (it is leaving)."
+    )
+    in_flight = serializers.SerializerMethodField(help_text="Requests running on it now.")
+    last_probe_at = serializers.DateTimeField(allow_null=True)
+    last_error = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_in_flight(self, obj: Replica) -> int | None:
+        return self.context.get("in_flight", {}).get(obj.pk)
+
+
+class PoolOutputSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.CharField()
+    model = serializers.CharField(source="model.name")
+    max_inflight = serializers.IntegerField()
+    policy = serializers.CharField()
+    discovery = serializers.CharField(
+        source="discovery_url", help_text="'static', or http(s)://SERVICE-NAME:PORT (DNS)."
+    )
+    discovery_error = serializers.CharField(help_text="Why the last DNS resolution failed.")
+    drain_grace_seconds = serializers.IntegerField()
+    replicas = serializers.SerializerMethodField()
+
+    @extend_schema_field(ReplicaOutputSerializer(many=True))
+    def get_replicas(self, obj: Pool) -> list[dict[str, object]]:
+        in_flight = selectors.replicas_in_flight(pool=obj)
+        replicas = obj.replicas.all()
+        serializer = ReplicaOutputSerializer(replicas, many=True, context={"in_flight": in_flight})
+        return list(serializer.data)
+
+
+def _replica_out(replica: Replica) -> dict[str, object]:
+    in_flight = selectors.replicas_in_flight(pool=replica.pool, replicas=[replica])
+    data: dict[str, object] = ReplicaOutputSerializer(
+        replica, context={"in_flight": in_flight}
+    ).data
+    return data
+
+
+class PoolListApi(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(responses=PoolOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        pools = selectors.pool_list()
+        return Response(PoolOutputSerializer(pools, many=True).data)
+
+
+class PoolDetailApi(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(responses=PoolOutputSerializer)
+    def get(self, request: Request, pool: str) -> Response:
+        return Response(PoolOutputSerializer(selectors.pool_get(name=pool)).data)
+
+
+class ReplicaCreateApi(APIView):
+    permission_classes = [IsAdminUser]
+
+    class InputSerializer(serializers.Serializer):
+        url = serializers.CharField(max_length=200, help_text="e.g. http://10.0.0.5:8000")
+        name = serializers.CharField(
+            max_length=64, required=False, allow_blank=True, help_text="Default <pool>-<n>."
+        )
+
+    @extend_schema(request=InputSerializer, responses={201: ReplicaOutputSerializer})
+    def post(self, request: Request, pool: str) -> Response:
+        the_pool = selectors.pool_get(name=pool)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        replica = services.replica_add(
+            pool=the_pool, url=data.validated_data["url"], name=data.validated_data.get("name", "")
+        )
+        return Response(_replica_out(replica), status=status.HTTP_201_CREATED)
+
+
+class ReplicaDrainApi(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(request=None, responses=ReplicaOutputSerializer)
+    def post(self, request: Request, pool: str, replica_id: int) -> Response:
+        replica = selectors.replica_get(pool=selectors.pool_get(name=pool), replica_id=replica_id)
+        return Response(_replica_out(services.replica_drain(replica=replica)))
+
+
+class ReplicaReadyApi(APIView):
+    """Undrain: probed at once, then ``ready`` if it answers (``down`` otherwise)."""
+
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(request=None, responses=ReplicaOutputSerializer)
+    def post(self, request: Request, pool: str, replica_id: int) -> Response:
+        replica = selectors.replica_get(pool=selectors.pool_get(name=pool), replica_id=replica_id)
+        return Response(_replica_out(services.replica_undrain(replica=replica)))
+
+
+class ReplicaRemoveApi(APIView):
+    """Refused (400) while requests run on it, unless ``force``: drain first, then remove."""
+
+    permission_classes = [IsAdminUser]
+
+    class InputSerializer(serializers.Serializer):
+        force = serializers.BooleanField(default=False)
+
+    class OutputSerializer(serializers.Serializer):
+        removed = serializers.CharField(help_text="The replica's name.")
+        in_flight = serializers.IntegerField(help_text="Requests that were running on it.")
+
+    @extend_schema(request=InputSerializer, responses=OutputSerializer)
+    def post(self, request: Request, pool: str, replica_id: int) -> Response:
+        replica = selectors.replica_get(pool=selectors.pool_get(name=pool), replica_id=replica_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        name = replica.name
+        in_flight = services.replica_remove(replica=replica, force=data.validated_data["force"])
+        return Response(self.OutputSerializer({"removed": name, "in_flight": in_flight}).data)

@@ -1,0 +1,156 @@
+"""The usage spool (a Redis Stream read by a consumer group) into the ledger: every record
+exactly once, whatever the flushers and the database do meanwhile."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+import redis
+from django.db import OperationalError, connection
+
+from billing.models import UsageRecord
+from billing.spool import (
+    DEAD_LETTERS,
+    LEGACY_SPOOL,
+    USAGE_GROUP,
+    USAGE_STREAM,
+    spool_length,
+    spool_push,
+    usage_spool_flush,
+)
+from controlplane.redis import redis_sync
+from tenants.models import ApiKey, Tenant
+from tenants.services import api_key_create
+from tests.factories import TenantFactory
+from tests.live import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _records(tenant: Tenant, key: ApiKey, n: int) -> list[dict[str, Any]]:
+    now = datetime.now(UTC).isoformat()
+    return [
+        {
+            "request_id": uuid.uuid4().hex,
+            "tenant_id": tenant.pk,
+            "api_key_id": key.pk,
+            "model": "tiny-chat",
+            "endpoint": "chat.completions",
+            "mode": "online",
+            "status": "ok",
+            "prompt_tokens": 7,
+            "completion_tokens": i % 50,
+            "cached_tokens": 0,
+            "started_at": now,
+            "finished_at": now,
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def records() -> tuple[Tenant, ApiKey]:
+    tenant = TenantFactory.create()
+    return tenant, api_key_create(tenant=tenant, name="k", created_by=None).api_key
+
+
+@pytest.fixture
+def ledger_locked(serving_db_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """Another session holding the ledger table so that nobody can insert into it."""
+    with psycopg.connect(serving_db_url) as locker:
+        locker.execute("LOCK TABLE billing_usagerecord IN EXCLUSIVE MODE")
+        yield locker
+
+
+def test_every_record_lands_once_and_replays_are_absorbed(records: Any) -> None:
+    tenant, key = records
+    batch = _records(tenant, key, 5)
+    spool_push(*batch, batch[0])  # the first one twice: a gateway's retry after a timeout
+    assert usage_spool_flush() == 6
+    assert spool_length() == 0
+    assert UsageRecord.objects.count() == 5
+    assert usage_spool_flush() == 0
+
+
+def test_records_spooled_by_the_previous_version_are_moved_in(records: Any) -> None:
+    tenant, key = records
+    redis_sync().rpush(LEGACY_SPOOL, *(orjson.dumps(r) for r in _records(tenant, key, 3)))
+    assert usage_spool_flush() == 3
+    assert UsageRecord.objects.count() == 3
+    assert redis_sync().llen(LEGACY_SPOOL) == 0
+
+
+def test_a_failed_insert_loses_nothing_and_is_retried(
+    records: Any, ledger_locked: Any, settings: Any
+) -> None:
+    """The database refuses (here: the ledger stays locked past a statement timeout): the
+    entries stay pending in the group, and the next flush after the claim delay inserts them."""
+    settings.INFERPLANE_USAGE_CLAIM_IDLE_SECONDS = 1
+    tenant, key = records
+    spool_push(*_records(tenant, key, 3))
+    with connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = 300")
+    with pytest.raises(OperationalError):
+        usage_spool_flush()
+    assert spool_length() == 3
+    ledger_locked.commit()  # the lock goes
+    with connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = 0")
+    assert usage_spool_flush() == 0  # still claimed by the failed flusher, for a second
+    wait_for(lambda: usage_spool_flush() == 3, timeout=10, every=0.3)
+    assert UsageRecord.objects.count() == 3
+    assert spool_length() == 0
+
+
+def test_a_record_the_ledger_refuses_is_kept_aside_and_blocks_nobody(records: Any) -> None:
+    tenant, key = records
+    good = _records(tenant, key, 2)
+    bad = {**good[0], "request_id": uuid.uuid4().hex, "prompt_tokens": -5}  # violates a check
+    spool_push(good[0], bad, good[1])
+    assert usage_spool_flush() == 3
+    assert UsageRecord.objects.count() == 2
+    assert spool_length() == 0
+    dead = [orjson.loads(x) for x in redis_sync().lrange(DEAD_LETTERS, 0, -1)]
+    assert [d["record"]["request_id"] for d in dead] == [bad["request_id"]]
+
+
+def test_two_workers_and_a_locked_ledger_lose_and_double_nothing(
+    records: Any, ledger_locked: Any, serving_db_url: str, stack_factory: Any
+) -> None:
+    """10,000 records spooled while the ledger table is locked for longer than a flusher's
+    claim lasts: the real Celery worker's two processes (beat starts a flush every second)
+    both end up holding the same entries, the first stuck in its insert and the second
+    taking them over; once the lock goes, every record is in the ledger exactly once and
+    the spool is empty. (With the lock-and-trim spool this replaced, a flusher whose lock
+    had expired trimmed records another flusher had read but not inserted.)"""
+    tenant, key = records
+    batch = _records(tenant, key, 10_000)
+    spool_push(*batch)
+    stack_factory(
+        serving_db_url, name="spool", extra_env={"INFERPLANE_USAGE_CLAIM_IDLE_SECONDS": "1"}
+    )
+    client = redis_sync()
+
+    def taken_over() -> bool:
+        """Two flushers have read, and entries read by one were claimed by the other."""
+        try:
+            consumers = client.xinfo_consumers(USAGE_STREAM, USAGE_GROUP)
+            pending = client.xpending_range(USAGE_STREAM, USAGE_GROUP, "-", "+", 50)
+        except redis.ResponseError:  # no flush has run yet: no group
+            return False
+        return len(consumers) >= 2 and any(int(p["times_delivered"]) >= 2 for p in pending)
+
+    wait_for(taken_over, timeout=60, every=0.2)
+    assert UsageRecord.objects.count() == 0
+    ledger_locked.commit()
+    wait_for(lambda: spool_length() == 0, timeout=120, every=0.5)
+    ids = list(UsageRecord.objects.values_list("request_id", flat=True))
+    assert len(ids) == 10_000
+    assert set(ids) == {r["request_id"] for r in batch}
+    assert client.xpending(USAGE_STREAM, USAGE_GROUP)["pending"] == 0
