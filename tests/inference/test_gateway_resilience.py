@@ -315,6 +315,9 @@ def test_a_silent_engine_holds_nothing(
         )
     records = wait_for(lambda: len(r := world.records(tenant=tenant)) == 7 and r)
     assert spare.name in {r.replica for r in records[-2:]}
+    # Every slot came back: failovers, the stall and the probes left no load behind.
+    assert {int(v) for v in admission.hvals("ip:{p:online}:rload")} == {0}
+    assert admission.zcard("ip:{p:online}:inflight") == 0
 
 
 def _engine_core(engine: Engine) -> int:
