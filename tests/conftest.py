@@ -20,6 +20,7 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from tenants.models import Role, Tenant, User
+from tests import contract
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytest_plugins = ["tests.engines", "tests.live", "tests.serving"]
@@ -34,6 +35,21 @@ def _engine_api_key() -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+
+contract.install()
+
+
+@pytest.fixture(autouse=True)
+def _openai_contract() -> Iterator[None]:
+    """Every answer a live stack gave this test under /v1 matched OpenAI's published schema
+    (tests/contract: checked as the test read it, through the SDK or plain httpx)."""
+    contract.LOG.reset()
+    yield
+    violations = contract.LOG.take()
+    if violations:
+        shown = "\n".join(violations[:20])
+        more = f"\n… and {len(violations) - 20} more" if len(violations) > 20 else ""
+        pytest.fail(f"/v1 answers that do not match OpenAI's schema:\n{shown}{more}")
 
 
 @pytest.fixture(autouse=True)

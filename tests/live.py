@@ -22,6 +22,7 @@ import pytest
 from django.conf import settings
 from openai import AsyncOpenAI, OpenAI
 
+from tests import contract
 from tests.engines import ENGINE_API_KEY, LOG_DIR, ROOT, Engine, free_port
 
 
@@ -75,6 +76,7 @@ def stack_start(
         **(extra_env or {}),
     }
     stack = Stack(url=f"http://127.0.0.1:{port}", env=env)
+    contract.watch(port)  # every /v1 answer it gives is checked against OpenAI's schema
     bin_dir = Path(sys.executable).parent
     stack.processes["web"] = _spawn(
         f"{name}-web",

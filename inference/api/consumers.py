@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
-from inference.api import pipeline
+from inference.api import pipeline, responses
 from inference.api.auth import KeyInfo, authenticate, bearer_token
 from inference.api.catalog import catalog_view
 from inference.api.errors import ApiError, model_not_found, overloaded
@@ -224,7 +224,7 @@ class CompletionConsumer(GatewayHttpConsumer):
         await self.send_body(b"data: [DONE]\n\n")
 
     async def whole(self, call: pipeline.Call, relay: pipeline.Relay) -> None:
-        whole = pipeline.Whole(call)
+        whole = responses.Whole(chat=call.parsed.endpoint == "chat.completions")
         try:
             async for batch in relay:
                 for chunk in batch:
@@ -234,7 +234,7 @@ class CompletionConsumer(GatewayHttpConsumer):
                 ApiError(502, str(exc), type="server_error", code="engine_failed"), call.headers
             )
             return
-        except pipeline.ResponseTooLarge as exc:
+        except responses.ResponseTooLarge as exc:
             # Stop here: closing the engine's stream (settle) aborts the rest of the work.
             call.status, call.error = "error", "non-streamed response too large"
             error = ApiError(
@@ -245,7 +245,13 @@ class CompletionConsumer(GatewayHttpConsumer):
             )
             await self.send_error(error, call.headers)
             return
-        body = orjson.dumps(whole.result())
+        answer = whole.result(
+            model=call.parsed.model,
+            fallback_id=f"cmpl-{call.rid}",
+            created=int(call.started_at.timestamp()),
+            usage=call.usage(),
+        )
+        body = orjson.dumps(answer)
         await self.send_response(200, body, headers=[JSON, *call.headers])
 
 

@@ -31,6 +31,7 @@ from inference.api.auth import KeyInfo
 from inference.api.catalog import catalog_view
 from inference.api.errors import ApiError, invalid_request, model_not_found, overloaded
 from inference.api.redis import redis_async
+from inference.api.responses import clean
 from inference.api.schema import (
     ParsedRequest,
     check_content_parts,
@@ -55,9 +56,6 @@ MAX_ATTEMPTS = 3
 RETRY_PAUSE_SECONDS = 0.2
 DRAIN_IDLE_SECONDS = 0.05
 DRAIN_CAP_SECONDS = 0.25
-# Fields vLLM adds to OpenAI's chunk shape.
-_EXTRA_TOP = ("prompt_token_ids", "prompt_text", "kv_transfer_params")
-_EXTRA_CHOICE = ("token_ids",)
 
 
 class MidStreamError(Exception):
@@ -468,6 +466,11 @@ class Relay:
             raise RuntimeError("Relay.start() must succeed before iterating")
         call = self.call
         include_usage = call.parsed.include_usage
+        # Chat chunks carry "usage": null until the last one (OpenAI's chat chunk schema);
+        # completion chunks share the completion object's shape, where usage is an object or
+        # absent, so they leave it out.
+        chat = call.parsed.endpoint == "chat.completions"
+        null_usage = include_usage and chat
         model = call.parsed.model
         batch = self.first
         stall = settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS
@@ -483,15 +486,8 @@ class Relay:
                         message = str(chunk["error"].get("message", "engine error"))
                         raise MidStreamError(message[:300])
                     self._count(chunk.pop("usage", None), chunk.get("choices"))
-                    for name in _EXTRA_TOP:
-                        chunk.pop(name, None)
-                    chunk["model"] = model
-                    choices = chunk.get("choices")
-                    if choices:
-                        for choice in choices:
-                            for name in _EXTRA_CHOICE:
-                                choice.pop(name, None)
-                        if include_usage:
+                    if clean(chunk, model, chat):
+                        if null_usage:
                             chunk["usage"] = None
                         out.append(chunk)
                     elif include_usage:
@@ -688,122 +684,3 @@ def _cost(call: Call) -> int:
         completion_tokens=call.completion_tokens,
         cached_tokens=call.cached_tokens,
     )
-
-
-class ResponseTooLarge(Exception):
-    """A non-streamed answer grew past INFERPLANE_MAX_RESPONSE_BYTES."""
-
-
-class Whole:
-    """The non-streamed response, assembled from the engine's stream as it comes: text in
-    parts joined once at the end, never the chunks themselves, and never more than
-    ``INFERPLANE_MAX_RESPONSE_BYTES`` (an answer that grows past it raises
-    ResponseTooLarge: ``stream=true`` is the way to ask for it)."""
-
-    def __init__(self, call: Call) -> None:
-        self.call = call
-        self.chat = call.parsed.endpoint == "chat.completions"
-        self.id = ""
-        self.created = 0
-        self.choices: dict[int, dict[str, Any]] = {}
-        self.texts: dict[tuple[int, str], list[str]] = {}
-        self.size = 0
-        self.limit = settings.INFERPLANE_MAX_RESPONSE_BYTES
-
-    def add(self, chunk: dict[str, Any]) -> None:
-        if not self.id:
-            self.id, self.created = chunk.get("id", ""), chunk.get("created", 0)
-        for c in chunk.get("choices") or ():
-            index = c.get("index", 0)
-            choice = self.choices.get(index)
-            if choice is None:
-                choice = self.choices[index] = {
-                    "index": index,
-                    "logprobs": None,
-                    "finish_reason": None,
-                    **({"message": {"role": "assistant"}} if self.chat else {}),
-                }
-            if self.chat:
-                self._merge_delta(index, choice, c)
-            else:
-                self._text(index, "text", c.get("text"))
-                if c.get("logprobs"):
-                    self._grow(c["logprobs"])
-                    logprobs = choice["logprobs"] or {
-                        "tokens": [],
-                        "token_logprobs": [],
-                        "top_logprobs": [],
-                        "text_offset": [],
-                    }
-                    for name in logprobs:
-                        logprobs[name].extend(c["logprobs"].get(name) or [])
-                    choice["logprobs"] = logprobs
-            if c.get("finish_reason"):
-                choice["finish_reason"] = c["finish_reason"]
-            if c.get("stop_reason") is not None:
-                choice["stop_reason"] = c["stop_reason"]
-
-    def _grow(self, part: Any) -> None:
-        self.size += len(part) if isinstance(part, str) else len(orjson.dumps(part))
-        if self.size > self.limit:
-            raise ResponseTooLarge(self.limit)
-
-    def _text(self, index: int, name: str, value: str | None) -> None:
-        if value:
-            self._grow(value)
-            self.texts.setdefault((index, name), []).append(value)
-
-    def _merge_delta(self, index: int, choice: dict[str, Any], c: dict[str, Any]) -> None:
-        delta = c.get("delta") or {}
-        message = choice["message"]
-        if delta.get("role"):
-            message["role"] = delta["role"]
-        for text_field in ("content", "reasoning_content", "reasoning", "refusal"):
-            if delta.get(text_field) is not None:
-                self.texts.setdefault((index, text_field), [])
-                self._text(index, text_field, delta[text_field])
-        for call in delta.get("tool_calls") or ():
-            self._grow(call)
-            calls = message.setdefault("tool_calls", [])
-            position = call.get("index", len(calls))
-            while len(calls) <= position:
-                calls.append(
-                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-                )
-            target = calls[position]
-            if call.get("id"):
-                target["id"] = call["id"]
-            if call.get("type"):
-                target["type"] = call["type"]
-            function = call.get("function") or {}
-            if function.get("name"):
-                target["function"]["name"] += function["name"]
-            if function.get("arguments"):
-                target["function"]["arguments"] += function["arguments"]
-        if c.get("logprobs") and c["logprobs"].get("content"):
-            self._grow(c["logprobs"]["content"])
-            logprobs = choice["logprobs"] or {"content": []}
-            logprobs["content"].extend(c["logprobs"]["content"])
-            choice["logprobs"] = logprobs
-
-    def result(self) -> dict[str, Any]:
-        for (index, name), parts in self.texts.items():
-            target = self.choices[index]["message"] if self.chat else self.choices[index]
-            target[name] = "".join(parts)
-        for choice in self.choices.values():
-            if self.chat:
-                message = choice["message"]
-                if message.get("content") is None and not message.get("tool_calls"):
-                    message["content"] = ""
-                message.setdefault("content", None)
-            else:
-                choice.setdefault("text", "")
-        call = self.call
-        return {
-            "id": self.id or f"cmpl-{call.rid}",
-            "object": "chat.completion" if self.chat else "text_completion",
-            "created": self.created or int(call.started_at.timestamp()),
-            "model": call.parsed.model,
-            "choices": [self.choices[i] for i in sorted(self.choices)],
-            "usage": call.usage(),
-        }
