@@ -34,6 +34,7 @@ from tenants.models import (
     Role,
     Tenant,
     User,
+    tighter,
 )
 
 MICROS = Decimal(1_000_000)
@@ -102,8 +103,7 @@ def _effective(key: ApiKey) -> dict[str, Any]:
     """The limits a key actually gets: the tighter of its own and its tenant's."""
     result: dict[str, Any] = {}
     for name in LimitFields.LIMIT_NAMES:
-        values = [v for v in (getattr(key, name), getattr(key.tenant, name)) if v is not None]
-        result[name] = min(values) if values else None
+        result[name] = tighter(getattr(key, name), getattr(key.tenant, name))
     micros = result.pop("monthly_spend_budget_micros")
     result["monthly_spend_budget_usd"] = None if micros is None else str(Decimal(micros) / MICROS)
     return result
