@@ -38,6 +38,7 @@ COPY inference ./inference
 COPY billing ./billing
 COPY moderation ./moderation
 COPY dashboard ./dashboard
+COPY templates ./templates
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip install --no-deps .
 
@@ -68,6 +69,7 @@ COPY inference ./inference
 COPY billing ./billing
 COPY moderation ./moderation
 COPY dashboard ./dashboard
+COPY templates ./templates
 
 # Static files are collected at build time (whitenoise serves them, hashed and compressed).
 # Production settings refuse to load without SECRET_KEY and ALLOWED_HOSTS: the values here are

@@ -22,24 +22,36 @@ TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
 export INFERPLANE_CACHE := $(CACHE)
 export ENGINE_PYTHON MODEL_DIR
 
-.PHONY: help setup run test lint typecheck pytest bench clean engine model venv browser
+.PHONY: help setup run test lint typecheck imports migrations pytest bench clean engine model venv browser lock
 
 help:
 	@echo "make run    - set up and run the platform (web :8000, engines :8101/:8102, worker, beat)"
-	@echo "make test   - lint, type-check and run the whole test suite"
+	@echo "make test   - lint, strict type-check, import contracts, migrations check, the test suite"
+	@echo "make lock   - re-resolve the dependencies into requirements.lock"
 	@echo "make setup  - only build the virtualenvs and the tiny model"
 	@echo "make bench  - run the benchmarks (overhead, fairness, ledger, LoRA, dashboard); see bench/RESULTS.md"
 	@echo "make clean  - remove .venv and var/ (the engine cache in $(CACHE) is kept)"
 
 # --- set-up (each step is skipped when already done) -------------------------------------
 
+# Installed at the versions in requirements.lock (every package, direct or not), so every
+# machine and CI run the set that was tested.
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements.lock
 	@test -n "$(PYTHON)" || { echo "error: Python 3.12 is needed (Django 6); set PYTHON=..." >&2; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev]'
 	@touch $@
+
+# Re-resolve the dependencies to their newest allowed versions, in a scratch virtualenv, and
+# write them to requirements.lock.
+lock:
+	rm -rf var/lock-venv && $(PYTHON) -m venv var/lock-venv
+	var/lock-venv/bin/pip install --quiet --upgrade pip
+	var/lock-venv/bin/pip install --quiet -e '.[dev]'
+	{ head -2 requirements.lock; var/lock-venv/bin/pip freeze --exclude-editable | grep -v '^inferplane'; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock && rm -rf var/lock-venv
 
 # The engine lives in its own virtualenv (torch, vLLM): the web app never imports them.
 # Cached outside the checkout, keyed by the vLLM version, so it is built once per machine.
@@ -83,6 +95,14 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy .
 
+# The layering contracts in pyproject.toml ([tool.importlinter]), run from the checkout.
+imports: venv
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports
+
+# Every model change has its migration (the check needs the database to be reachable).
+migrations: venv
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) manage.py makemigrations --check --dry-run
+
 # The browser tests drive Debian's Chromium through Playwright (no browser download).
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -95,7 +115,7 @@ $(CHROMIUM):
 pytest: setup browser
 	CHROMIUM=$(CHROMIUM) DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+test: lint typecheck imports migrations pytest
 
 # Benchmarks use a database and a Redis database of their own (BENCH_DATABASE_URL,
 # BENCH_REDIS_URL) and start their own engine and gateway.

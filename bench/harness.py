@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from tests.engines import engine_command
+from devkit.engines import engine_command
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "var" / "bench-logs"

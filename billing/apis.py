@@ -33,7 +33,7 @@ MAX_DAYS = 31
 EPOCH_LIMIT = 4_102_444_800  # 2100-01-01: later times are certainly mistakes
 
 
-class _QuerySerializer(serializers.Serializer):
+class _QuerySerializer(serializers.Serializer[Any]):
     tenant = serializers.SlugField(required=False)
     start_time = serializers.IntegerField(min_value=0, max_value=EPOCH_LIMIT)
     end_time = serializers.IntegerField(min_value=0, max_value=EPOCH_LIMIT, required=False)
@@ -190,7 +190,7 @@ class CostsApi(APIView):
 # --- Invoices and exports (per tenant) --------------------------------------------------------
 
 
-class InvoiceLineOutputSerializer(serializers.Serializer):
+class InvoiceLineOutputSerializer(serializers.Serializer[Any]):
     model = serializers.CharField()
     mode = serializers.CharField()
     requests = serializers.IntegerField()
@@ -205,7 +205,7 @@ class InvoiceLineOutputSerializer(serializers.Serializer):
         return micros_to_usd(line.cost_micros)
 
 
-class InvoiceOutputSerializer(serializers.Serializer):
+class InvoiceOutputSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     period = serializers.SerializerMethodField()
     status = serializers.CharField()
@@ -265,7 +265,7 @@ class InvoiceLinesCsvApi(APIView):
 
 
 class InvoiceFinalizeApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         period = serializers.RegexField(
             r"^\d{4}-(0[1-9]|1[0-2])$",
             help_text="YYYY-MM",
@@ -310,7 +310,7 @@ class InvoiceVoidApi(APIView):
 class UsageExportApi(APIView):
     """The usage detail as CSV, streamed page by page: any size, flat memory."""
 
-    class QuerySerializer(serializers.Serializer):
+    class QuerySerializer(serializers.Serializer[Any]):
         start = serializers.DateField(help_text="First day (UTC), YYYY-MM-DD.")
         end = serializers.DateField(help_text="Last day (UTC), included.")
 

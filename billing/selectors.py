@@ -125,7 +125,7 @@ def ledger_sums(
     """The tenant's records in ``[start, end)`` summed per ``by`` columns: ``n``, ``errors``,
     ``prompt``, ``completion``, ``cached``, ``cost`` (priced records) and ``unpriced``. What
     both the rollups and the invoices are made of."""
-    return (
+    rows: QuerySet[UsageRecord, dict[str, Any]] = (
         UsageRecord.objects.filter(tenant_id=tenant_id, started_at__gte=start, started_at__lt=end)
         .values(*by)
         .annotate(
@@ -139,3 +139,4 @@ def ledger_sums(
         )
         .order_by(*by)
     )
+    return rows

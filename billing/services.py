@@ -17,7 +17,7 @@ from billing.models import DailyUsage, Price, UsageRecord
 from billing.pricing import PriceBook
 from billing.selectors import ledger_sums
 from controlplane.redis import redis_sync
-from inference.api.limits import BUDGET_WARNINGS
+from inference.api.limits import budget_warnings_take
 from inference.catalog import catalog_publish
 from inference.models import Model
 from tenants.models import Adapter, ApiKey, AuditEvent, Tenant, User
@@ -228,21 +228,22 @@ def price_set(
 def budget_warnings_flush(*, max_items: int = 500) -> int:
     """Turn the gateway's "80% of a monthly budget used" notices into audit events, once per
     tenant or key, budget kind and month (a notice repeated after a Redis restart is not)."""
-    client = redis_sync()
-    items = cast(list[bytes], client.lpop(BUDGET_WARNINGS, max_items) or [])
+    warnings, unreadable = budget_warnings_take(max_items)
+    for raw in unreadable:
+        log.error("malformed budget warning dropped: %r", raw)
     written = 0
-    for raw in items:
+    for warning in warnings:
+        kind, month, used, limit = warning.kind, warning.month, warning.used, warning.limit
         try:
-            kind, scope, ident, month, used, limit = raw.decode().split("|")
             target: Tenant | ApiKey
-            if scope == "t":
-                target = Tenant.objects.get(pk=int(ident))
+            if warning.scope == "t":
+                target = Tenant.objects.get(pk=warning.ident)
                 tenant = target
             else:
-                target = ApiKey.objects.select_related("tenant").get(pk=int(ident))
+                target = ApiKey.objects.select_related("tenant").get(pk=warning.ident)
                 tenant = target.tenant
-        except (ValueError, Tenant.DoesNotExist, ApiKey.DoesNotExist):
-            log.error("malformed or orphaned budget warning dropped: %r", raw)
+        except (Tenant.DoesNotExist, ApiKey.DoesNotExist):
+            log.error("orphaned budget warning dropped: %r", warning)
             continue
         month_label = f"{month[:4]}-{month[4:]}"
         seen = AuditEvent.objects.filter(
@@ -263,9 +264,9 @@ def budget_warnings_flush(*, max_items: int = 500) -> int:
             details={
                 "kind": kind,  # "tokens" or "spend" (micro-dollars)
                 "month": month_label,
-                "used": int(used),
-                "limit": int(limit),
-                "percent": round(100 * int(used) / int(limit), 1),
+                "used": used,
+                "limit": limit,
+                "percent": round(100 * used / limit, 1),
             },
         )
         written += 1

@@ -70,7 +70,7 @@ def spool_push(*records: dict[str, Any]) -> None:
 
 def spool_length() -> int:
     """Records spooled and not yet in the ledger (read-but-unacknowledged ones included)."""
-    return int(cast(int, redis_sync().xlen(USAGE_STREAM)))
+    return int(redis_sync().xlen(USAGE_STREAM))
 
 
 def _ensure_group(client: redis.Redis) -> None:
@@ -87,14 +87,15 @@ def _next_batch(client: redis.Redis) -> list[tuple[bytes, dict[bytes, bytes]]]:
     claimed = client.xautoclaim(
         USAGE_STREAM, USAGE_GROUP, _consumer(), min_idle_time=idle_ms, count=FLUSH_BATCH
     )
-    entries = cast(list[Any], claimed)[1]
+    entries = claimed[1]
     entries = [e for e in entries if e and e[1]]  # entries deleted meanwhile come back empty
     if entries:
         return entries
     read = client.xreadgroup(USAGE_GROUP, _consumer(), {USAGE_STREAM: ">"}, count=FLUSH_BATCH)
     if not read:
         return []
-    return cast(list[Any], read)[0][1]
+    batch: list[tuple[bytes, dict[bytes, bytes]]] = cast(list[Any], read)[0][1]
+    return batch
 
 
 def _dead_letter(client: redis.Redis, item: dict[str, Any]) -> None:
@@ -159,6 +160,6 @@ def usage_spool_flush(*, max_batches: int = 50) -> int:
 def _prune_consumers(client: redis.Redis) -> None:
     """Forget the group's consumers that hold nothing and were idle for an hour (every
     worker process that ever flushed is one)."""
-    for consumer in cast(list[dict[str, Any]], client.xinfo_consumers(USAGE_STREAM, USAGE_GROUP)):
+    for consumer in client.xinfo_consumers(USAGE_STREAM, USAGE_GROUP):
         if int(consumer["pending"]) == 0 and int(consumer["idle"]) > 3_600_000:
             client.xgroup_delconsumer(USAGE_STREAM, USAGE_GROUP, consumer["name"])

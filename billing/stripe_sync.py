@@ -137,7 +137,10 @@ def stripe_event_verify(*, payload: bytes, signature: str) -> stripe.Event:
     if not settings.STRIPE_WEBHOOK_SECRET:
         raise WebhookRejected("Stripe webhooks are not configured (STRIPE_WEBHOOK_SECRET).")
     try:
-        return stripe.Webhook.construct_event(payload, signature, settings.STRIPE_WEBHOOK_SECRET)
+        event: stripe.Event = stripe.Webhook.construct_event(
+            payload, signature, settings.STRIPE_WEBHOOK_SECRET
+        )
+        return event
     except stripe.SignatureVerificationError:
         raise WebhookRejected("The Stripe-Signature header does not match.") from None
     except ValueError:

@@ -47,7 +47,8 @@ class TokenCreateApi(LoginView):
         ),
     )
     def post(self, request: Request, format: Any = None) -> Response:
-        return super().post(request, format)
+        response: Response = super().post(request, format)
+        return response
 
 
 class TokenRevokeApi(LogoutView):
@@ -55,10 +56,12 @@ class TokenRevokeApi(LogoutView):
         summary="Revoke the token used for this request", request=None, responses={204: None}
     )
     def post(self, request: Request, format: Any = None) -> Response:
-        return super().post(request, format)
+        response: Response = super().post(request, format)
+        return response
 
 
 class TokenRevokeAllApi(LogoutAllView):
     @extend_schema(summary="Revoke every token of this user", request=None, responses={204: None})
     def post(self, request: Request, format: Any = None) -> Response:
-        return super().post(request, format)
+        response: Response = super().post(request, format)
+        return response

@@ -11,19 +11,18 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+# The Swagger UI page with the CSP nonce on its inline set-up script and style.
+swagger_ui = SpectacularSwaggerView.as_view(
+    url_name="schema", template_name="dashboard/swagger_ui.html"
+)
+
 api_patterns = [
     path("auth/token/", auth_apis.TokenCreateApi.as_view(), name="token-create"),
     path("auth/token/revoke/", auth_apis.TokenRevokeApi.as_view(), name="token-revoke"),
     path("auth/token/revoke-all/", auth_apis.TokenRevokeAllApi.as_view(), name="token-revoke-all"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path(
-        "docs/",
-        # The same page with the CSP nonce on its inline set-up script and style.
-        SpectacularSwaggerView.as_view(
-            url_name="schema", template_name="dashboard/swagger_ui.html"
-        ),
-        name="docs",
-    ),
+    path("docs/", swagger_ui, name="docs"),
+    path("schema/swagger-ui/", swagger_ui, name="swagger-ui"),  # drf-spectacular's usual URL
     path("", include("billing.urls")),
     path("", include("tenants.urls")),
     path("", include("inference.urls")),

@@ -34,7 +34,7 @@ class AdapterUploadForm(forms.Form):
     adapter_config = forms.FileField(required=False, label="adapter_config.json")
     adapter_model = forms.FileField(required=False, label="adapter_model.safetensors")
 
-    def files_given(self) -> dict[str, File]:
+    def files_given(self) -> dict[str, File[Any]]:
         return {
             part: self.cleaned_data[part]
             for part in ("archive", "adapter_config", "adapter_model")

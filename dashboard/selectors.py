@@ -100,51 +100,36 @@ def ops_snapshot() -> dict[str, Any]:
     """The operator's view of serving right now: per pool its replicas (state from the last
     probe; in flight, capacity and adapters from the admission state in Redis) and per
     tenant what runs and what waits."""
-    from controlplane.redis import redis_sync
-    from inference.catalog import adapters_held_key, pool_prefix
+    from inference.api.admission import queue_state
+    from inference.api.lora import adapters_held
     from inference.models import Pool
 
-    client = redis_sync()
     tenants = {t.pk: t for t in Tenant.objects.all()}
     pools = []
     for pool in Pool.objects.select_related("model").prefetch_related("replicas"):
-        base = pool_prefix(pool.name)
-        pipe = client.pipeline(transaction=False)
-        pipe.hgetall(base + "rload")
-        pipe.hgetall(base + "active")
-        pipe.zrange(base + "backlog", 0, -1)
-        pipe.llen(base + "fcfs")
+        state = queue_state(pool.name)
         replicas = list(pool.replicas.all())
-        for replica in replicas:
-            pipe.zrange(adapters_held_key(pool.name, str(replica.pk)), 0, -1)
-        rload, active, backlog, fcfs, *held = pipe.execute()
-        waiting = {}
-        if backlog:
-            pipe = client.pipeline(transaction=False)
-            for tenant_id in backlog:
-                pipe.llen(base + "q:" + tenant_id.decode())
-            waiting = {int(t): n for t, n in zip(backlog, pipe.execute(), strict=True) if n}
-        running = {int(t): int(n) for t, n in active.items() if int(n) > 0}
+        held = adapters_held(pool.name, [str(r.pk) for r in replicas])
         pools.append(
             {
                 "pool": pool,
                 "replicas": [
                     {
                         "replica": r,
-                        "in_flight": int(rload.get(str(r.pk).encode(), 0)),
-                        "adapters": [a.decode() for a in adapters],
+                        "in_flight": state.in_flight.get(str(r.pk), 0),
+                        "adapters": held[str(r.pk)],
                     }
-                    for r, adapters in zip(replicas, held, strict=True)
+                    for r in replicas
                 ],
                 "tenants": [
                     {
                         "tenant": tenants.get(t),
-                        "running": running.get(t, 0),
-                        "waiting": waiting.get(t, 0),
+                        "running": state.running.get(t, 0),
+                        "waiting": state.waiting.get(t, 0),
                     }
-                    for t in sorted(set(running) | set(waiting))
+                    for t in sorted(set(state.running) | set(state.waiting))
                 ],
-                "queued": sum(waiting.values()) + int(fcfs),
+                "queued": state.queued,
             }
         )
     return {"pools": pools, "tenants": sorted(tenants.values(), key=lambda t: t.slug)}

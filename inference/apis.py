@@ -6,6 +6,8 @@ documented; no pool, replica or URL is revealed). One view per operation.
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAdminUser
@@ -17,7 +19,7 @@ from inference import selectors, services
 from inference.models import Pool, Replica
 
 
-class ReplicaOutputSerializer(serializers.Serializer):
+class ReplicaOutputSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     name = serializers.CharField()
     url = serializers.CharField()
@@ -33,10 +35,11 @@ class ReplicaOutputSerializer(serializers.Serializer):
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_in_flight(self, obj: Replica) -> int | None:
-        return self.context.get("in_flight", {}).get(obj.pk)
+        in_flight: int | None = self.context.get("in_flight", {}).get(obj.pk)
+        return in_flight
 
 
-class PoolOutputSerializer(serializers.Serializer):
+class PoolOutputSerializer(serializers.Serializer[Any]):
     name = serializers.CharField()
     kind = serializers.CharField()
     model = serializers.CharField(source="model.name")
@@ -85,7 +88,7 @@ class PoolDetailApi(APIView):
 class ReplicaCreateApi(APIView):
     permission_classes = [IsAdminUser]
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         url = serializers.CharField(max_length=200, help_text="e.g. http://10.0.0.5:8000")
         name = serializers.CharField(
             max_length=64, required=False, allow_blank=True, help_text="Default <pool>-<n>."
@@ -127,10 +130,10 @@ class ReplicaRemoveApi(APIView):
 
     permission_classes = [IsAdminUser]
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         force = serializers.BooleanField(default=False)
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         removed = serializers.CharField(help_text="The replica's name.")
         in_flight = serializers.IntegerField(help_text="Requests that were running on it.")
 

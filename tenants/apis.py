@@ -34,6 +34,7 @@ from tenants.models import (
     Role,
     Tenant,
     User,
+    tighter,
 )
 
 MICROS = Decimal(1_000_000)
@@ -56,7 +57,7 @@ def _limit_field() -> serializers.IntegerField:
     )
 
 
-class LimitsInputSerializer(serializers.Serializer):
+class LimitsInputSerializer(serializers.Serializer[Any]):
     """Send only what changes; ``null`` means unlimited."""
 
     rpm = _limit_field()
@@ -85,7 +86,7 @@ class LimitsInputSerializer(serializers.Serializer):
         return limits
 
 
-class LimitsOutputSerializer(serializers.Serializer):
+class LimitsOutputSerializer(serializers.Serializer[Any]):
     rpm = serializers.IntegerField(allow_null=True)
     tpm = serializers.IntegerField(allow_null=True)
     max_concurrency = serializers.IntegerField(allow_null=True)
@@ -102,8 +103,7 @@ def _effective(key: ApiKey) -> dict[str, Any]:
     """The limits a key actually gets: the tighter of its own and its tenant's."""
     result: dict[str, Any] = {}
     for name in LimitFields.LIMIT_NAMES:
-        values = [v for v in (getattr(key, name), getattr(key.tenant, name)) if v is not None]
-        result[name] = min(values) if values else None
+        result[name] = tighter(getattr(key, name), getattr(key.tenant, name))
     micros = result.pop("monthly_spend_budget_micros")
     result["monthly_spend_budget_usd"] = None if micros is None else str(Decimal(micros) / MICROS)
     return result
@@ -112,7 +112,7 @@ def _effective(key: ApiKey) -> dict[str, Any]:
 # --- Tenants ---------------------------------------------------------------------------------
 
 
-class TenantOutputSerializer(serializers.ModelSerializer):
+class TenantOutputSerializer(serializers.ModelSerializer[Tenant]):
     limits = LimitsOutputSerializer(source="*")
 
     class Meta:
@@ -166,7 +166,7 @@ class TenantDetailApi(APIView):
 
 
 class TenantUpdateApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         name = serializers.CharField(max_length=200, required=False)
         status = serializers.ChoiceField(choices=Tenant.Status.choices, required=False)
         weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
@@ -203,7 +203,7 @@ class TenantLimitsUpdateApi(APIView):
 # --- Members -------------------------------------------------------------------------------
 
 
-class MembershipOutputSerializer(serializers.Serializer):
+class MembershipOutputSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     username = serializers.CharField(source="user.username")
     email = serializers.EmailField(source="user.email")
@@ -220,7 +220,7 @@ class MemberListApi(APIView):
 
 
 class MemberUpdateApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         role = serializers.ChoiceField(choices=Role.choices)
 
     @extend_schema(request=InputSerializer, responses=MembershipOutputSerializer)
@@ -260,7 +260,7 @@ class MemberRemoveApi(APIView):
 # link and passes it on; nothing here says whether an account exists for anyone.
 
 
-class InvitationOutputSerializer(serializers.Serializer):
+class InvitationOutputSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     role = serializers.CharField()
     status = serializers.SerializerMethodField()
@@ -291,7 +291,7 @@ class InvitationCreateApi(APIView):
     """A one-time invitation link (valid 7 days). Its token is in this response only; only
     owners invite owners."""
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         role = serializers.ChoiceField(choices=Role.choices)
 
     class OutputSerializer(InvitationOutputSerializer):
@@ -333,7 +333,7 @@ class InvitationRevokeApi(APIView):
 class InvitationAcceptApi(APIView):
     """Join the tenant an invitation names, as the calling user (the link works once)."""
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         token = serializers.CharField(max_length=200)
 
     @extend_schema(request=InputSerializer, responses={201: MembershipOutputSerializer})
@@ -352,7 +352,7 @@ class InvitationAcceptApi(APIView):
 # --- API keys --------------------------------------------------------------------------------
 
 
-class ApiKeyOutputSerializer(serializers.ModelSerializer):
+class ApiKeyOutputSerializer(serializers.ModelSerializer[ApiKey]):
     created_by = serializers.CharField(source="created_by.username", default=None)
     limits = LimitsOutputSerializer(source="*", help_text="This key's own overrides.")
     effective_limits = serializers.SerializerMethodField()
@@ -455,7 +455,7 @@ class ApiKeyRevokeApi(APIView):
 
 
 class ApiKeyRotateApi(APIView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         grace_period_seconds = serializers.IntegerField(
             min_value=0,
             max_value=30 * 24 * 3600,
@@ -492,7 +492,7 @@ class ApiKeyLimitsUpdateApi(APIView):
 # --- Audit -----------------------------------------------------------------------------------
 
 
-class AuditEventOutputSerializer(serializers.Serializer):
+class AuditEventOutputSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     created_at = serializers.DateTimeField()
     actor = serializers.CharField(source="actor_label")
@@ -504,7 +504,7 @@ class AuditEventOutputSerializer(serializers.Serializer):
 
 
 class AuditEventListApi(APIView):
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(serializers.Serializer[Any]):
         action = serializers.CharField(required=False, max_length=64)
         since = serializers.DateTimeField(required=False)
 
@@ -527,7 +527,7 @@ class AuditEventListApi(APIView):
 
 
 class MeApi(APIView):
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         username = serializers.CharField()
         email = serializers.EmailField()
         is_staff = serializers.BooleanField()
@@ -553,7 +553,7 @@ class PayloadTooLarge(exceptions.APIException):
     default_code = "payload_too_large"
 
 
-class AdapterOutputSerializer(serializers.Serializer):
+class AdapterOutputSerializer(serializers.Serializer[Any]):
     name = serializers.CharField()
     version = serializers.IntegerField()
     model = serializers.SerializerMethodField(help_text="What to send as `model` on /v1.")
@@ -588,7 +588,7 @@ class AdapterUploadApi(APIView):
 
     parser_classes = [MultiPartParser]
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(serializers.Serializer[Any]):
         name = serializers.CharField(max_length=63)
         archive = serializers.FileField(required=False)
         adapter_config = serializers.FileField(required=False)

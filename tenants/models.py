@@ -41,6 +41,14 @@ def _limit(help_text: str, *, big: bool = False) -> models.Field[int | None, int
     )
 
 
+def tighter(*limits: int | None) -> int | None:
+    """The limit that applies where several do (a key's and its tenant's): the smallest one
+    set, None when none is. (Limits are at least 1; where they travel as integers, 0 says
+    "none", and is read as unset here too.) The one place this is decided."""
+    values = [v for v in limits if v]
+    return min(values) if values else None
+
+
 class LimitFields(models.Model):
     """Quota fields shared by tenants and (as tighter overrides) by their API keys."""
 

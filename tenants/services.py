@@ -566,7 +566,7 @@ def _adapter_staging() -> str:
 
 @transaction.atomic
 def adapter_upload(
-    *, tenant: Tenant, name: str, files: Mapping[str, File], actor: User | None
+    *, tenant: Tenant, name: str, files: Mapping[str, File[Any]], actor: User | None
 ) -> Adapter:
     """Take an upload (an ``archive``, or ``adapter_config`` + ``adapter_model``) into staging
     and queue its validation. The new version is ``validating`` until then."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -15,6 +14,8 @@ from typing import IO
 
 import httpx
 import pytest
+
+from devkit.engines import engine_command
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = ROOT / "var" / "test-logs"
@@ -74,11 +75,6 @@ class Engine:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-def engine_command(port: int, *extra_args: str) -> str:
-    """The shell command that starts an engine, as a Procfile line does."""
-    return shlex.join([str(ROOT / "scripts" / "engine.sh"), str(port), *extra_args])
 
 
 def engine_popen(command: str, log: IO[bytes]) -> subprocess.Popen[bytes]:

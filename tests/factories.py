@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import factory
+from factory.declarations import LazyAttribute, Sequence, SubFactory
 
 from tenants.models import Membership, Role, Tenant, User
 
@@ -10,8 +11,8 @@ class UserFactory(factory.django.DjangoModelFactory[User]):
         model = User
         django_get_or_create = ["username"]
 
-    username = factory.Sequence(lambda n: f"user{n}")
-    email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
+    username = Sequence(lambda n: f"user{n}")
+    email = LazyAttribute(lambda u: f"{u.username}@example.com")
     password = factory.django.Password("correct horse battery staple")
 
 
@@ -19,14 +20,14 @@ class TenantFactory(factory.django.DjangoModelFactory[Tenant]):
     class Meta:
         model = Tenant
 
-    slug = factory.Sequence(lambda n: f"tenant-{n}")
-    name = factory.LazyAttribute(lambda t: t.slug.title())
+    slug = Sequence(lambda n: f"tenant-{n}")
+    name = LazyAttribute(lambda t: t.slug.title())
 
 
 class MembershipFactory(factory.django.DjangoModelFactory[Membership]):
     class Meta:
         model = Membership
 
-    user = factory.SubFactory(UserFactory)
-    tenant = factory.SubFactory(TenantFactory)
+    user = SubFactory(UserFactory)
+    tenant = SubFactory(TenantFactory)
     role = Role.DEVELOPER

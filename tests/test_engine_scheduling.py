@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines import ROOT, engine_command, engine_popen, free_port
+from devkit.engines import engine_command
+from tests.engines import ROOT, engine_popen, free_port
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 

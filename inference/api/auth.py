@@ -24,7 +24,7 @@ from inference.keycache import (
     UNKNOWN_SECONDS,
 )
 from tenants.keys import digest_matches, key_parse
-from tenants.models import ApiKey, LimitFields, Tenant
+from tenants.models import ApiKey, LimitFields, Tenant, tighter
 
 L1_SECONDS = 1.0
 L1_MAX_ENTRIES = 50_000
@@ -47,8 +47,7 @@ class KeyInfo:
     def limit(self, name: str) -> int:
         """The effective value of one limit (the tighter of key and tenant), 0 = none."""
         i = LimitFields.LIMIT_NAMES.index(name)
-        values = [v for v in (self.tenant_limits[i], self.key_limits[i]) if v]
-        return min(values) if values else 0
+        return tighter(self.tenant_limits[i], self.key_limits[i]) or 0
 
     def to_json(self) -> bytes:
         return orjson.dumps(

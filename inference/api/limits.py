@@ -16,17 +16,16 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from django.db.models import F, Sum
-from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from inference.api.auth import KeyInfo
 from inference.api.db import run_db
 from inference.api.errors import ApiError, overloaded
-from inference.api.lua import run_into, script
+from inference.api.lua import Batch, Script
 from inference.api.redis import redis_async
 
 log = logging.getLogger(__name__)
@@ -35,22 +34,6 @@ LEASE_MS = 20_000
 LAST_USED = "ip:key_last_used"
 BUDGET_WARNINGS = "ip:budget:warnings"  # "kind|t or k|id|YYYYMM|used|limit" per crossing
 
-_PRELUDE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function level(key, limit)
-  local v = redis.call('HMGET', key, 't', 'ts')
-  local tokens = tonumber(v[1])
-  if tokens == nil then return limit end
-  local refilled = tokens + (now - tonumber(v[2])) * limit / 60000
-  if refilled > limit then refilled = limit end
-  return refilled
-end
-local function store(key, tokens, limit)
-  redis.call('HSET', key, 't', tostring(tokens), 'ts', now)
-  redis.call('PEXPIRE', key, 60000 + math.ceil(math.max(0, limit - tokens) * 60000 / limit))
-end
-"""
 
 # KEYS: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month last_used t_spend k_spend
 # ARGV: rid est lease_ms prefix, limits: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month
@@ -63,121 +46,12 @@ end
 # with what the request reserved. Concurrency counts their sequences; the budgets count what
 # they may still use on top of what the ledger already counted, so concurrent requests
 # cannot all pass a nearly spent budget.
-ACQUIRE = (
-    _PRELUDE
-    + """
-local rid, est, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local L = {}
-for i = 5, 14 do L[i - 4] = tonumber(ARGV[i]) end
-local member, seqs, est_cost = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
-local function inflight(key)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  local s, t, c = 0, 0, 0
-  for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do
-    local a, b, d = string.match(m, '^[^|]*|(%d+)|(%d+)|(%d+)$')
-    s = s + (tonumber(a) or 1)
-    t = t + (tonumber(b) or 0)
-    c = c + (tonumber(d) or 0)
-  end
-  return s, t, c
-end
--- {in-flight key, conc limit, month key, month limit, spend key, spend limit, seed codes}
-local scopes = {{7, 7, 8, 8, 11, 10, 'seed_k', 'seed_ks'}, {3, 3, 4, 4, 10, 9, 'seed_t', 'seed_ts'}}
-local tracked = {}
-for _, sc in ipairs(scopes) do
-  local conc, month, spend = L[sc[2]], L[sc[4]], L[sc[6]]
-  if conc > 0 or month > 0 or spend > 0 then
-    tracked[#tracked + 1] = KEYS[sc[1]]
-    local s, t, c = inflight(KEYS[sc[1]])
-    -- (the limit in the retry slot: nothing to wait for)
-    if conc > 0 and seqs > conc then return {0, 'conc_too_large', conc, 0, 0, 0, 0, 0, 0} end
-    if conc > 0 and s + seqs > conc then return {0, 'concurrency', 1000, 0, 0, 0, 0, 0, 0} end
-    for _, b in ipairs({{sc[3], month, sc[7], 'budget', t}, {sc[5], spend, sc[8], 'spend', c}}) do
-      if b[2] > 0 then
-        local used = redis.call('GET', KEYS[b[1]])
-        if not used then return {2, b[3], 0, 0, 0, 0, 0, 0, 0} end
-        if tonumber(used) + b[5] >= b[2] then return {0, b[4], 0, 0, 0, 0, 0, 0, 0} end
-      end
-    end
-  end
-end
--- {key index, limit index, tokens needed, kind}
-local buckets = {{1, 1, 1, 'r'}, {5, 5, 1, 'r'}, {2, 2, est, 't'}, {6, 6, est, 't'}}
-local levels, retry, reason = {}, 0, nil
-for i, b in ipairs(buckets) do
-  local limit = L[b[2]]
-  if limit > 0 then
-    local lvl = level(KEYS[b[1]], limit)
-    levels[i] = lvl
-    if b[3] > limit then
-      return {0, 'too_large', 0, 0, 0, 0, limit, math.floor(lvl), 0}
-    end
-    if lvl < b[3] then
-      local wait = math.ceil((b[3] - lvl) * 60000 / limit)
-      if wait > retry then retry = wait; reason = (b[4] == 'r') and 'requests' or 'tokens' end
-    end
-  end
-end
-local report = {0, 0, 0, 0, 0, 0}
-local taken = (reason == nil)
-for i, b in ipairs(buckets) do
-  local limit = L[b[2]]
-  if limit > 0 then
-    local left = levels[i]
-    if taken then left = left - b[3]; store(KEYS[b[1]], left, limit) end
-    local slot = (b[4] == 'r') and 1 or 4
-    if report[slot] == 0 or left < report[slot + 1] then
-      report[slot] = limit
-      report[slot + 1] = math.max(0, math.floor(left))
-      report[slot + 2] = math.ceil(math.max(0, limit - left) * 60000 / limit)
-    end
-  end
-end
-if not taken then
-  return {0, reason, retry, report[1], report[2], report[3], report[4], report[5], report[6]}
-end
-for _, key in ipairs(tracked) do
-  redis.call('ZADD', key, now + lease, member)
-  redis.call('PEXPIRE', key, lease * 2)
-end
-redis.call('HSET', KEYS[9], ARGV[4], math.floor(now / 1000))
-return {1, 'ok', 0, report[1], report[2], report[3], report[4], report[5], report[6]}
-"""
-)
+ACQUIRE = Script("limits", "acquire")
 
 # KEYS: t_tpm t_conc t_month k_tpm k_conc k_month t_spend k_spend warnings
 # ARGV: member est actual t_tpm_lim k_tpm_lim cost t_month_lim k_month_lim t_spend_lim
 #       k_spend_lim tenant_id key_id month
-RELEASE = (
-    _PRELUDE
-    + """
-local member, est, actual = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local function add(key, amount, limit, kind, scope, id)
-  if amount <= 0 or redis.call('EXISTS', key) == 0 then return end
-  local after = redis.call('INCRBY', key, amount)
-  local before = after - amount
-  if limit > 0 and before * 5 < limit * 4 and after * 5 >= limit * 4 then
-    redis.call('RPUSH', KEYS[9], table.concat({kind, scope, id, ARGV[13], after, limit}, '|'))
-  end
-end
-redis.call('ZREM', KEYS[2], member)
-redis.call('ZREM', KEYS[5], member)
-for _, b in ipairs({{1, 4}, {4, 5}}) do
-  local limit = tonumber(ARGV[b[2]])
-  if limit > 0 and redis.call('EXISTS', KEYS[b[1]]) == 1 then
-    local left = level(KEYS[b[1]], limit) + est - actual
-    if left > limit then left = limit end
-    store(KEYS[b[1]], left, limit)
-  end
-end
-local cost = tonumber(ARGV[6])
-add(KEYS[3], actual, tonumber(ARGV[7]), 'tokens', 't', ARGV[11])
-add(KEYS[6], actual, tonumber(ARGV[8]), 'tokens', 'k', ARGV[12])
-add(KEYS[7], cost, tonumber(ARGV[9]), 'spend', 't', ARGV[11])
-add(KEYS[8], cost, tonumber(ARGV[10]), 'spend', 'k', ARGV[12])
-return 1
-"""
-)
+RELEASE = Script("limits", "release")
 
 
 def _month() -> str:
@@ -216,11 +90,11 @@ class Grant:
         """Give back the estimate's excess (or take the shortfall) and the concurrency slot;
         count the tokens and the spend against the monthly budgets."""
         keys, args = self._release_args(actual_tokens, cost_micros)
-        await script(RELEASE)(keys=keys, args=args)
+        await RELEASE(keys=keys, args=args)
 
-    def release_into(self, pipe: Pipeline, actual_tokens: int, cost_micros: int = 0) -> None:
+    def release_into(self, pipe: Batch, actual_tokens: int, cost_micros: int = 0) -> None:
         keys, args = self._release_args(actual_tokens, cost_micros)
-        run_into(pipe, RELEASE, keys, args)
+        pipe.script(RELEASE, keys, args)
 
 
 def _scopes(key: KeyInfo, month: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -329,7 +203,7 @@ async def acquire(
     # Each pass seeds at most one missing monthly counter (four: tokens and spend, tenant
     # and key), so five passes always end in a decision.
     for _ in range(5):
-        result = await script(ACQUIRE)(
+        result = await ACQUIRE(
             keys=[
                 t["rpm"],
                 t["tpm"],
@@ -428,3 +302,34 @@ async def acquire(
         code="rate_limit_exceeded",
         headers={**extra, "retry-after": str(retry_after)},
     )
+
+
+# --- readers, for the control plane (synchronous) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetWarning:
+    """A monthly budget crossed 80% (noted by RELEASE as the request that crossed it ended)."""
+
+    kind: str  # "tokens" or "spend" (micro-dollars)
+    scope: str  # "t" tenant or "k" key
+    ident: int  # the tenant's or key's id
+    month: str  # YYYYMM
+    used: int
+    limit: int
+
+
+def budget_warnings_take(max_items: int) -> tuple[list[BudgetWarning], list[bytes]]:
+    """Take up to ``max_items`` noted warnings off Redis: the readable ones, and the raw
+    notes that could not be read (for the caller to log)."""
+    from controlplane.redis import redis_sync
+
+    raw_items = cast(list[bytes], redis_sync().lpop(BUDGET_WARNINGS, max_items) or [])
+    warnings, unreadable = [], []
+    for raw in raw_items:
+        try:
+            kind, scope, ident, month, used, limit = raw.decode().split("|")
+            warnings.append(BudgetWarning(kind, scope, int(ident), month, int(used), int(limit)))
+        except ValueError:
+            unreadable.append(raw)
+    return warnings, unreadable

@@ -29,10 +29,9 @@ import time
 import uuid
 
 import aiohttp
-from redis.asyncio.client import Pipeline
 
 from inference.api.errors import ApiError
-from inference.api.lua import script
+from inference.api.lua import Batch, Script
 from inference.api.redis import redis_async
 from inference.api.upstream import TRANSPORT_ERRORS, engine_session
 from inference.catalog import adapters_held_key, pool_prefix
@@ -46,57 +45,19 @@ WAIT_SECONDS = 120.0  # longest a request waits for another request's load on it
 USE_MS = 60_000  # a request's "using this adapter" mark, if nothing removes it before
 POLL_SECONDS = 0.02
 
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
 
 # KEYS: held, use   ARGV: name, rid, use_ms  ->  1 if the replica holds the adapter
-_USE = (
-    _NOW
-    + """
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[2])
-redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[3]))
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], 'XX', now, ARGV[1])
-  return 1
-end
-return 0
-"""
-)
+_USE = Script("lora", "use")
 
 # KEYS: held   ARGV: keep, capacity, use-key prefix
 #   -> the adapter claimed for eviction (already out of the held set); '' when there is room;
 #      false when every held adapter is in use (load over capacity; a later load evicts)
-_CLAIM_VICTIM = (
-    _NOW
-    + """
-local held = redis.call('ZRANGE', KEYS[1], 0, -1)
-if #held < tonumber(ARGV[2]) then return '' end
-for _, name in ipairs(held) do
-  if name ~= ARGV[1] and redis.call('ZCOUNT', ARGV[3] .. name, now, '+inf') == 0 then
-    redis.call('ZREM', KEYS[1], name)
-    return name
-  end
-end
-return false
-"""
-)
+_CLAIM_VICTIM = Script("lora", "claim_victim")
 
 # KEYS: held, stats   ARGV: name, stats field
-_LOADED = (
-    _NOW
-    + """
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
-return 1
-"""
-)
+_LOADED = Script("lora", "loaded")
 
-_UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+_UNLOCK = Script("lora", "unlock")
 
 
 class ReplicaUnreachable(Exception):
@@ -131,7 +92,7 @@ async def use(pool: str, replica: str, name: str, rid: str) -> bool:
     """Mark the request as using the adapter on the replica (it is not evicted meanwhile)
     and the adapter as recently used; whether the replica already holds it."""
     keys = [adapters_held_key(pool, replica), _use_key(pool, replica, name)]
-    held = await script(_USE)(keys=keys, args=[name, rid, USE_MS])
+    held = await _USE(keys=keys, args=[name, rid, USE_MS])
     return bool(held)
 
 
@@ -139,7 +100,7 @@ async def unuse(pool: str, replica: str, name: str, rid: str) -> None:
     await redis_async().zrem(_use_key(pool, replica, name), rid)
 
 
-def unuse_into(pipe: Pipeline, pool: str, replica: str, name: str, rid: str) -> None:
+def unuse_into(pipe: Batch, pool: str, replica: str, name: str, rid: str) -> None:
     pipe.zrem(_use_key(pool, replica, name), rid)
 
 
@@ -161,13 +122,11 @@ async def load(*, pool: str, replica: str, url: str, name: str, path: str, capac
                     await _make_room(pool, replica, url, keep=name, capacity=capacity)
                     body = {"lora_name": name, "lora_path": path}
                     await _post(url, "/v1/load_lora_adapter", body)
-                    await script(_LOADED)(
-                        keys=[key, stats_key(pool)], args=[name, f"{replica}|loads"]
-                    )
+                    await _LOADED(keys=[key, stats_key(pool)], args=[name, f"{replica}|loads"])
                     log.info("loaded adapter %s on %s", name, url)
                 return
             finally:
-                await script(_UNLOCK)(keys=[lock], args=[token])
+                await _UNLOCK(keys=[lock], args=[token])
         await asyncio.sleep(POLL_SECONDS)
         if await client.zscore(key, name) is not None:
             return
@@ -186,7 +145,7 @@ async def _make_room(pool: str, replica: str, url: str, *, keep: str, capacity: 
     held_key = adapters_held_key(pool, replica)
     use_prefix = f"{pool_prefix(pool)}lora_use:{replica}:"
     while True:
-        victim = await script(_CLAIM_VICTIM)(keys=[held_key], args=[keep, capacity, use_prefix])
+        victim = await _CLAIM_VICTIM(keys=[held_key], args=[keep, capacity, use_prefix])
         if not victim:  # room ('') or every one in use (None): load anyway
             return
         name = victim.decode() if isinstance(victim, bytes) else str(victim)
@@ -218,3 +177,17 @@ async def _post(url: str, path: str, body: dict[str, str], *, missing_ok: bool =
     if response.status == 400 and "already been loaded" in text:
         return  # loaded by someone who could not record it (e.g. Redis was flushed)
     raise adapter_refused(f"{path} on {url}: HTTP {response.status}: {text[:300]}")
+
+
+def adapters_held(pool: str, replicas: list[str]) -> dict[str, list[str]]:
+    """The engine-side names of the adapters each replica holds (synchronous, for the
+    dashboard; RedisError if Redis is unreachable)."""
+    from controlplane.redis import redis_sync
+
+    pipe = redis_sync().pipeline(transaction=False)
+    for replica in replicas:
+        pipe.zrange(adapters_held_key(pool, replica), 0, -1)
+    return {
+        replica: [name.decode() for name in names]
+        for replica, names in zip(replicas, pipe.execute(), strict=True)
+    }

@@ -1,29 +1,103 @@
-"""Lua scripts registered once per Redis client (EVALSHA, reloaded by redis-py on NOSCRIPT,
-so a restarted Redis needs nothing from us)."""
+"""The gateway's Lua scripts: one file each under ``lua/``, loaded by one helper.
+
+A script's source is, in order: its constants (``local NAME = value``, from Python, so the
+numbers have one home), the shared prelude (``lua/prelude.lua``: the server clock), its
+family's common part (``lua/<family>/common.lua``, when there is one) and its own file
+(``lua/<family>/<name>.lua``).
+
+Scripts run by EVALSHA, registered once per Redis client; a script called on its own is
+reloaded by redis-py on NOSCRIPT. Scripts queued on a ``Batch`` (several commands in one
+round trip) are sent by SHA only, and when Redis lost them (it restarted) the batch loads
+them and replays exactly the commands that failed — so no caller keeps a second copy of its
+work for that case.
+"""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
 from typing import Any
 
-from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from inference.api.redis import redis_async
 
-_cache: dict[tuple[int, str], AsyncScript] = {}
+LUA_DIR = Path(__file__).with_name("lua")
 
 
-def run_into(pipe: Pipeline, source: str, keys: list[str], args: list[Any]) -> None:
-    """Queue a script on a pipeline by its SHA only. (Registering it with the pipeline would
-    cost a SCRIPT EXISTS round trip per execute.) A Redis that lost it answers NOSCRIPT, and
-    the caller runs the work again through ``script()``, which reloads it."""
-    pipe.evalsha(script(source).sha, len(keys), *keys, *args)
+@cache
+def _read(relative: str) -> str:
+    return (LUA_DIR / relative).read_text()
 
 
-def script(source: str) -> AsyncScript:
-    client = redis_async()
-    key = (id(client), source)
-    found = _cache.get(key)
-    if found is None:
-        found = _cache[key] = client.register_script(source)
-    return found
+class Script:
+    def __init__(
+        self, family: str, name: str, *, constants: Mapping[str, int | float] | None = None
+    ) -> None:
+        header = "".join(f"local {k} = {v!r}\n" for k, v in (constants or {}).items())
+        common = LUA_DIR / family / "common.lua"
+        parts = [header, _read("prelude.lua")]
+        if common.exists():
+            parts.append(_read(f"{family}/common.lua"))
+        parts.append(_read(f"{family}/{name}.lua"))
+        self.name = f"{family}/{name}"
+        self.source = "\n".join(parts)
+        self.sha = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+        self._registered: dict[int, AsyncScript] = {}
+
+    def _on(self, client: Any) -> AsyncScript:
+        found = self._registered.get(id(client))
+        if found is None:
+            found = self._registered[id(client)] = client.register_script(self.source)
+        return found
+
+    async def __call__(self, *, keys: list[str], args: list[Any]) -> Any:
+        return await self._on(redis_async())(keys=keys, args=args)
+
+    def __repr__(self) -> str:
+        return f"<Script {self.name} {self.sha[:8]}>"
+
+
+class Batch:
+    """Commands and scripts sent in one round trip (a pipeline, no transaction). Queue
+    with ``script()`` or any Redis command; ``execute()`` returns their results in order."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, tuple[Any, ...], dict[str, Any], Script | None]] = []
+
+    def script(self, script: Script, keys: list[str], args: list[Any]) -> None:
+        self.ops.append(("evalsha", (script.sha, len(keys), *keys, *args), {}, script))
+
+    def __getattr__(self, command: str) -> Any:
+        def queue(*args: Any, **kwargs: Any) -> None:
+            self.ops.append((command, args, kwargs, None))
+
+        return queue
+
+    async def _send(self, indexes: list[int]) -> list[Any]:
+        pipe = redis_async().pipeline(transaction=False)
+        for i in indexes:
+            command, args, kwargs, _ = self.ops[i]
+            getattr(pipe, command)(*args, **kwargs)
+        results: list[Any] = await pipe.execute(raise_on_error=False)
+        return results
+
+    async def execute(self) -> list[Any]:
+        everything = list(range(len(self.ops)))
+        results = await self._send(everything)
+        lost = [i for i in everything if isinstance(results[i], NoScriptError)]
+        if lost:
+            # Redis restarted since these were loaded: the other commands ran; load the
+            # scripts and run exactly the ones that did not.
+            client = redis_async()
+            for script in {self.ops[i][3] for i in lost} - {None}:
+                await client.script_load(script.source)  # type: ignore[union-attr]
+            for i, result in zip(lost, await self._send(lost), strict=True):
+                results[i] = result
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results

@@ -11,30 +11,18 @@ import logging
 from typing import Any
 
 import orjson
-from redis.asyncio.client import Pipeline
-from redis.exceptions import RedisError
 
 from billing.services import usage_records_insert
 from billing.spool import FIELD, USAGE_STREAM
 from inference.api.db import run_db
-from inference.api.redis import redis_async
+from inference.api.lua import Batch
 
 log = logging.getLogger(__name__)
 
 
-def spool_into(pipe: Pipeline, record: dict[str, Any]) -> None:
+def spool_into(pipe: Batch, record: dict[str, Any]) -> None:
     """Queue the record on a pipeline that also carries the request's other end-of-life work."""
     pipe.xadd(USAGE_STREAM, {FIELD: orjson.dumps(record)})
-
-
-async def spool(record: dict[str, Any]) -> None:
-    data = orjson.dumps(record)
-    try:
-        await redis_async().xadd(USAGE_STREAM, {FIELD: data})
-        return
-    except RedisError:
-        log.warning("usage spool unavailable; writing %s to the database", record["request_id"])
-    await store_directly(record)
 
 
 async def store_directly(record: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import orjson
 from django.conf import settings
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from billing.pricing import cost_micros, rates_in_force
 from inference.api import limits, lora, metering
@@ -30,7 +30,7 @@ from inference.api.admission import W_IN, W_OUT, CatalogMissing, admission
 from inference.api.auth import KeyInfo
 from inference.api.catalog import catalog_view
 from inference.api.errors import ApiError, invalid_request, model_not_found, overloaded
-from inference.api.redis import redis_async
+from inference.api.lua import Batch
 from inference.api.responses import clean
 from inference.api.schema import (
     ParsedRequest,
@@ -629,8 +629,9 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
     tokens = call.prompt_tokens + call.completion_tokens
     cost = _cost(call)
     try:
-        # Slot, limits and ledger in one round trip.
-        pipe = redis_async().pipeline(transaction=False)
+        # Slot, limits and ledger in one round trip (a Redis that lost the scripts gets them
+        # loaded and only the scripts that failed run again: see inference.api.lua.Batch).
+        pipe = Batch()
         if call.replica:
             admission().complete_into(pipe, pool=call.pool, rid=call.rid, adjustment=adjustment)
         if call.adapter is not None and call.adapter_replica:
@@ -640,18 +641,6 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         call.grant.release_into(pipe, tokens, cost)
         metering.spool_into(pipe, record)
         await pipe.execute()
-    except NoScriptError:  # Redis restarted since the scripts were loaded: one by one
-        try:
-            if call.replica:
-                await admission().complete(pool=call.pool, rid=call.rid, adjustment=adjustment)
-            if call.adapter is not None and call.adapter_replica:
-                await lora.unuse(
-                    call.pool, call.adapter_replica, call.adapter.engine_name, call.rid
-                )
-            await call.grant.release(tokens, cost)
-            await metering.spool(record)
-        except RedisError:
-            await metering.store_directly(record)
     except RedisError:
         log.warning("could not release admission/limits of %s", call.rid, exc_info=True)
         await metering.store_directly(record)

@@ -89,7 +89,10 @@ def spec() -> dict[str, Any]:
 
 @cache
 def _registry() -> Registry[Any]:
-    return Registry().with_resource("openai", DRAFT202012.create_resource(spec()))
+    registry: Registry[Any] = Registry().with_resource(
+        "openai", DRAFT202012.create_resource(spec())
+    )
+    return registry
 
 
 @cache

@@ -14,12 +14,12 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.utils import timezone
 
+from devkit.adapters import config, lora_tensors, safetensors
 from tenants.models import Adapter, ApiKey, Invitation, Membership, User
 from tenants.services import api_key_create
 from tests.billing.test_usage import _record, insert_with_rollups
 from tests.conftest import TenantPeople
 from tests.tenants.test_adapters import served  # noqa: F401  (fixture)
-from tests.tenants.test_lora import config, lora_tensors, safetensors
 
 pytestmark = pytest.mark.django_db
 

@@ -30,7 +30,8 @@ CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello, ho
 
 
 def _record(world: World, request_id: str) -> UsageRecord:
-    return wait_for(lambda: world.records(request_id=request_id), timeout=30)[0]
+    records: list[UsageRecord] = wait_for(lambda: world.records(request_id=request_id), timeout=30)
+    return records[0]
 
 
 # --- Happy paths -----------------------------------------------------------------------------
@@ -186,7 +187,7 @@ def _raw(
 
 
 def _error(response: httpx.Response) -> dict[str, object]:
-    error = response.json()["error"]
+    error: dict[str, object] = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     return error
 

@@ -16,6 +16,7 @@ import pytest
 import redis as redis_lib
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from devkit.adapters import TINY_CONFIG, config, lora_tensors, safetensors, scaled_weights
 from inference.catalog import adapters_held_key, catalog_publish
 from inference.models import Model, Pool
 from inference.services import replica_probe
@@ -26,7 +27,6 @@ from tests.engines import ENGINE_HEADERS, Engine, engine_start
 from tests.factories import MembershipFactory, UserFactory
 from tests.live import Stack, stack_start, wait_for
 from tests.serving import World, world_rows
-from tests.tenants.test_lora import TINY_CONFIG, config, lora_tensors, safetensors, scaled_weights
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -59,7 +59,9 @@ def lora_stack(serving_db_url: str, media: Path) -> Iterator[Stack]:
 class LoraWorld(World):
     def uploader(self, tenant: Tenant) -> Any:
         return client_for(
-            MembershipFactory.create(tenant=tenant, role=Role.DEVELOPER, user=UserFactory()).user
+            MembershipFactory.create(
+                tenant=tenant, role=Role.DEVELOPER, user=UserFactory.create()
+            ).user
         )
 
     def adapter(self, tenant: Tenant, name: str, weights: bytes) -> Adapter:

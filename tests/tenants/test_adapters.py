@@ -21,6 +21,7 @@ from django.utils import timezone
 from kombu import Queue
 
 from controlplane.celery import app as celery_app
+from devkit.adapters import TINY_CONFIG, config, lora_tensors, safetensors
 from inference.models import Model, Pool
 from inference.services import adapter_retire
 from tenants.lora import WEIGHTS
@@ -33,12 +34,8 @@ from tests.tenants.test_lora import (
     GOOD,
     MB,
     STORED_GOOD,
-    TINY_CONFIG,
     _patch_zip,
-    config,
     deeply_nested,
-    lora_tensors,
-    safetensors,
     tar_of,
     zip_of,
 )

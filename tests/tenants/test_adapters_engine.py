@@ -11,12 +11,12 @@ import httpx
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from devkit.adapters import config, lora_tensors, safetensors, scaled_weights
 from tenants.models import Adapter
 from tenants.services import adapter_local_dir, adapter_validate
 from tests.conftest import TenantPeople, client_for
 from tests.engines import ENGINE_HEADERS, Engine, engine_start
 from tests.tenants.test_adapters import served  # noqa: F401  (fixture)
-from tests.tenants.test_lora import config, lora_tensors, safetensors, scaled_weights
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ class World:
 def world(people: TenantPeople) -> World:
     key = api_key_create(tenant=people.tenant, name="prod", created_by=people.owner).api_key
     extra = MembershipFactory.create(tenant=people.tenant, role=Role.DEVELOPER)
-    UserFactory(username="newbie")
+    UserFactory.create(username="newbie")
     invitation = invitation_create(
         tenant=people.tenant, role=Role.VIEWER, actor=people.owner, actor_role=Role.OWNER
     ).invitation
@@ -125,9 +125,10 @@ def test_unauthenticated_gets_401(world: World, api: APIClient) -> None:
 
 
 def test_tenant_list_shows_only_own_tenants(world: World) -> None:
-    slugs = lambda user: {  # noqa: E731
-        t["slug"] for t in client_for(user).get(reverse("tenants:tenant-list")).json()["results"]
-    }
+    def slugs(user: User) -> set[str]:
+        answer = client_for(user).get(reverse("tenants:tenant-list")).json()
+        return {t["slug"] for t in answer["results"]}
+
     assert slugs(world.people.viewer) == {"acme"}
     assert slugs(world.people.outsider) == {"globex"}
     assert slugs(world.people.staff) == {"acme", "globex"}
@@ -196,9 +197,10 @@ def test_database_holds_no_key_secret(world: World) -> None:
 def test_developer_revokes_own_key_but_not_others(world: World) -> None:
     client = client_for(world.people.developer)
     own = _create_key(client)
-    url = lambda key_id: reverse(  # noqa: E731
-        "tenants:key-revoke", kwargs={"slug": "acme", "key_id": key_id}
-    )
+
+    def url(key_id: int) -> str:
+        return reverse("tenants:key-revoke", kwargs={"slug": "acme", "key_id": key_id})
+
     assert client.post(url(world.key.pk)).status_code == 403
     response = client.post(url(own["id"]))
     assert response.status_code == 200
@@ -314,9 +316,10 @@ def test_admins_cannot_touch_owners(world: World) -> None:
     admin = client_for(people.admin)
     own = _membership(people, "owner")
     viewer = _membership(people, "viewer")
-    update = lambda m: reverse(  # noqa: E731
-        "tenants:member-update", kwargs={"slug": "acme", "membership_id": m.pk}
-    )
+
+    def update(m: Membership) -> str:
+        return reverse("tenants:member-update", kwargs={"slug": "acme", "membership_id": m.pk})
+
     assert admin.post(update(viewer), {"role": "owner"}).status_code == 403
     assert admin.post(update(own), {"role": "viewer"}).status_code == 403
     assert (

@@ -1,0 +1,202 @@
+-- What every admission script shares: the pool's keys, lease arguments and the VTC helpers.
+local base = KEYS[1]
+local LEASE = tonumber(ARGV[1])
+local SLACK = tonumber(ARGV[2])
+
+local function unload(rep, seqs)
+  local n = tonumber(seqs) or 1
+  if rep and n > 0 and redis.call('HINCRBY', base .. 'rload', rep, 0 - n) < 0 then
+    redis.call('HSET', base .. 'rload', rep, 0)
+  end
+end
+
+local function deactivate(tenant)
+  if tenant and redis.call('HINCRBY', base .. 'active', tenant, -1) <= 0 then
+    redis.call('HDEL', base .. 'active', tenant)
+    redis.call('HSET', base .. 'idle_since', tenant, now)
+  end
+end
+
+local function reap()
+  local expired = redis.call('ZRANGEBYSCORE', base .. 'inflight', '-inf', now)
+  for _, rid in ipairs(expired) do
+    local r = redis.call('HMGET', base .. 'req:' .. rid, 'replica', 'tenant', 'seqs')
+    unload(r[1], r[3])
+    deactivate(r[2])
+    redis.call('ZREM', base .. 'inflight', rid)
+    redis.call('DEL', base .. 'req:' .. rid)
+  end
+  -- Slots held for a tenant that did not come back in time go to whoever waits.
+  for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', '-inf', now)) do
+    local tenant, rep, _, seqs = string.match(h, '^([^|]*)|([^|]*)|([^|]*)|?(%d*)$')
+    unload(rep, seqs)
+    deactivate(tenant)
+    redis.call('ZREM', base .. 'holds', h)
+  end
+end
+
+local function pick_replica(prefix, adapter, seqs)
+  seqs = tonumber(seqs) or 1
+  local reps = redis.call('HGETALL', base .. 'replicas')
+  if #reps == 0 then return nil end
+  local ids = {}
+  for i = 1, #reps, 2 do ids[#ids + 1] = reps[i] end
+  local loads = redis.call('HMGET', base .. 'rload', unpack(ids))
+  local open, minload = {}, nil
+  for i = 1, #ids do
+    local load = tonumber(loads[i] or '0')
+    if load + seqs <= tonumber(reps[2 * i]) then
+      open[#open + 1] = {ids[i], load}
+      if minload == nil or load < minload then minload = load end
+    end
+  end
+  if minload == nil then return nil end
+  if adapter and adapter ~= '' then
+    -- A replica that already holds the adapter (the least loaded of them) saves a load.
+    local held, heldload = nil, nil
+    for _, c in ipairs(open) do
+      if redis.call('ZSCORE', base .. 'lora:' .. c[1], adapter)
+          and (heldload == nil or c[2] < heldload) then
+        held, heldload = c[1], c[2]
+      end
+    end
+    if held then return held end
+    -- None does: concurrent first requests for it agree on one replica to load it on.
+    prefix = adapter
+  end
+  local best, bestscore = nil, nil
+  for _, c in ipairs(open) do
+    if c[2] <= minload + SLACK then
+      local score
+      if prefix ~= '' then score = redis.sha1hex(prefix .. '|' .. c[1])
+      else score = string.format('%012d', 999999999999 - c[2]) end
+      if bestscore == nil or score > bestscore then best, bestscore = c[1], score end
+    end
+  end
+  return best
+end
+
+local function policy()
+  return redis.call('GET', base .. 'policy') or 'vtc'
+end
+
+local function leave_backlog_if_empty(tenant)
+  if redis.call('LLEN', base .. 'q:' .. tenant) == 0 then
+    redis.call('ZREM', base .. 'backlog', tenant)
+    redis.call('SET', base .. 'last_left', redis.call('HGET', base .. 'counters', tenant) or '0')
+    return true
+  end
+  return false
+end
+
+-- The next live waiting request: {rid, tenant, list key}, dropping ones past their deadline.
+local function next_request()
+  local order = (policy() == 'fcfs') and {'fcfs', 'vtc'} or {'vtc', 'fcfs'}
+  for _, kind in ipairs(order) do
+    while true do
+      local rid, tenant, list
+      if kind == 'fcfs' then
+        list = base .. 'fcfs'
+        rid = redis.call('LINDEX', list, 0)
+        if not rid then break end
+      else
+        local head = redis.call('ZRANGE', base .. 'backlog', 0, 0)
+        if #head == 0 then break end
+        tenant = head[1]
+        list = base .. 'q:' .. tenant
+        rid = redis.call('LINDEX', list, 0)
+        if not rid then redis.call('ZREM', base .. 'backlog', tenant) end
+      end
+      if rid then
+        local r = redis.call('HMGET', base .. 'req:' .. rid, 'tenant', 'deadline')
+        if r[1] and tonumber(r[2]) > now then return {rid, r[1], list, kind} end
+        redis.call('LPOP', list)
+        redis.call('DEL', base .. 'req:' .. rid)
+        if kind == 'vtc' then leave_backlog_if_empty(tenant) end
+      end
+    end
+  end
+  return nil
+end
+
+-- Admit while there is room. Grants go to the owning process's list, except self_rid's,
+-- whose replica is returned (the caller is waiting on this very script).
+-- A waiting request, behind the head, of one of the next backlogged tenants that fits now:
+-- {rid, tenant, list, replica}, or nil.
+local function backfill()
+  for _, tenant in ipairs(redis.call('ZRANGE', base .. 'backlog', 1, BACKFILL_SCAN)) do
+    local list = base .. 'q:' .. tenant
+    local rid = redis.call('LINDEX', list, 0)
+    if rid then
+      local r = redis.call('HMGET', base .. 'req:' .. rid, 'prefix', 'adapter', 'seqs', 'deadline')
+      if tonumber(r[4]) and tonumber(r[4]) > now then
+        local rep = pick_replica(r[1], r[2], r[3])
+        if rep then return {rid, tenant, list, rep} end
+      end
+    end
+  end
+  return nil
+end
+
+-- Admit while there is room. Grants go to the owning process's list, except self_rid's,
+-- whose replica is returned (the caller is waiting on this very script).
+local function dispatch(self_rid)
+  local mine = nil
+  while true do
+    local n = next_request()
+    if not n then break end
+    local rid, tenant, list, kind = n[1], n[2], n[3], n[4]
+    local head = redis.call('HMGET', base .. 'req:' .. rid, 'prefix', 'adapter', 'seqs', 'since')
+    local rep = pick_replica(head[1], head[2], head[3])
+    if not rep then
+      -- The head wants more room than any replica has free. For a moment (BACKFILL) the
+      -- next tenants' requests that fit may go past it; after that nobody does, so the
+      -- room it needs frees up: a large request is never starved by smaller ones, and
+      -- smaller ones are not stopped at once by a large one.
+      if kind ~= 'vtc' or now - (tonumber(head[4]) or 0) >= BACKFILL then break end
+      local b = backfill()
+      if not b then break end
+      rid, tenant, list, rep = b[1], b[2], b[3], b[4]
+    end
+    local key = base .. 'req:' .. rid
+    local r = redis.call('HMGET', key, 'weight', 'est', 'proc', 'seqs')
+    redis.call('LPOP', list)
+    local cost = tonumber(r[2]) / tonumber(r[1])
+    local c = redis.call('HINCRBYFLOAT', base .. 'counters', tenant, cost)
+    if kind == 'vtc' and not leave_backlog_if_empty(tenant) then
+      redis.call('ZADD', base .. 'backlog', c, tenant)
+    end
+    redis.call('HINCRBY', base .. 'rload', rep, tonumber(r[4]) or 1)
+    redis.call('HINCRBY', base .. 'active', tenant, 1)
+    redis.call('HSET', key, 'state', 'granted', 'replica', rep)
+    redis.call('ZADD', base .. 'inflight', now + LEASE, rid)
+    if rid == self_rid then
+      mine = rep
+    else
+      redis.call('RPUSH', base .. 'grants:' .. r[3], rid .. '|' .. rep)
+      redis.call('PEXPIRE', base .. 'grants:' .. r[3], 120000)
+    end
+  end
+  return mine
+end
+
+-- A completing request's tenant that is owed service (its counter is at or below every
+-- waiting tenant's) but has nothing queued is most likely a client about to send its next
+-- request: keep the slot for it briefly instead of handing it to the heaviest tenant. Without
+-- this, a tenant with a few closed-loop clients loses a slot at every completion.
+local function owed_hold(tenant, rep)
+  if policy() == 'fcfs' or redis.call('LLEN', base .. 'q:' .. tenant) > 0 then return false end
+  if redis.call('HEXISTS', base .. 'replicas', rep) == 0 then return false end
+  local low = redis.call('ZRANGE', base .. 'backlog', 0, 0, 'WITHSCORES')
+  if #low == 0 then return false end
+  local c = tonumber(redis.call('HGET', base .. 'counters', tenant) or '0')
+  return c <= tonumber(low[2])
+end
+
+local function charge(tenant, weight, amount)
+  if amount == 0 then return end
+  local c = redis.call('HINCRBYFLOAT', base .. 'counters', tenant, amount / weight)
+  if redis.call('ZSCORE', base .. 'backlog', tenant) then
+    redis.call('ZADD', base .. 'backlog', c, tenant)
+  end
+end

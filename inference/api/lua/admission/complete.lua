@@ -1,0 +1,17 @@
+reap()
+local key = base .. 'req:' .. ARGV[3]
+local r = redis.call('HMGET', key, 'tenant', 'weight', 'state', 'replica', 'seqs')
+if r[3] == 'granted' then
+  charge(r[1], tonumber(r[2]), tonumber(ARGV[4]))
+  redis.call('ZREM', base .. 'inflight', ARGV[3])
+  redis.call('DEL', key)
+  if owed_hold(r[1], r[4]) then
+    redis.call('ZADD', base .. 'holds', now + HOLD,
+      r[1] .. '|' .. r[4] .. '|' .. ARGV[3] .. '|' .. (r[5] or '1'))
+  else
+    unload(r[4], r[5])
+    deactivate(r[1])
+  end
+end
+dispatch(nil)
+return 1

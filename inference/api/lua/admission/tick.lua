@@ -1,0 +1,3 @@
+reap()
+dispatch(nil)
+return redis.call('ZCARD', base .. 'holds')

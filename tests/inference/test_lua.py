@@ -1,0 +1,51 @@
+"""The Lua helper (inference/api/lua.py) against real Redis: scripts load from their files
+with the shared prelude, and a batch survives a Redis that lost its scripts (a restart) by
+loading them and running again exactly what failed — never a command twice."""
+
+from __future__ import annotations
+
+from inference.api import admission, limits, lora
+from inference.api.lua import LUA_DIR, Batch, Script
+from inference.api.redis import redis_async
+
+
+def test_every_script_file_is_used_and_has_the_shared_clock() -> None:
+    scripts = [
+        v
+        for module in (admission, limits, lora)
+        for v in vars(module).values()
+        if isinstance(v, Script)
+    ]
+    names = {s.name for s in scripts}
+    files = {
+        str(p.relative_to(LUA_DIR).with_suffix(""))
+        for p in LUA_DIR.rglob("*.lua")
+        if p.name not in ("prelude.lua", "common.lua")
+    }
+    assert names == files
+    assert all("redis.call('TIME')" in s.source for s in scripts)
+    assert "local HOLD = 100" in admission.ENQUEUE.source  # the constant from Python
+
+
+async def test_scripts_run_and_share_the_prelude() -> None:
+    client = redis_async()
+    await client.set("lua-test-lock", "token")
+    assert await lora._UNLOCK(keys=["lua-test-lock"], args=["other"]) == 0
+    assert await lora._UNLOCK(keys=["lua-test-lock"], args=["token"]) == 1
+    assert await client.exists("lua-test-lock") == 0
+
+
+async def test_a_batch_after_redis_lost_its_scripts_runs_each_command_once() -> None:
+    client = redis_async()
+    await client.set("lua-test-lock", "token")
+    await lora._UNLOCK(keys=["lua-test-lock"], args=["token"])  # loaded once
+    await client.script_flush()  # what a Redis restart does
+    await client.set("lua-test-lock", "token2")
+    batch = Batch()
+    batch.incr("lua-test-counter")
+    batch.script(lora._UNLOCK, ["lua-test-lock"], ["token2"])
+    batch.incr("lua-test-counter")
+    assert await batch.execute() == [1, 1, 2]
+    assert await client.get("lua-test-counter") == b"2"  # the plain commands ran once
+    assert await client.exists("lua-test-lock") == 0
+    assert await client.script_exists(lora._UNLOCK.sha) == [True]
