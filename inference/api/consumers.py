@@ -27,6 +27,7 @@ from inference.api import pipeline, responses
 from inference.api.auth import KeyInfo, authenticate, bearer_token
 from inference.api.catalog import catalog_view
 from inference.api.errors import ApiError, model_not_found, overloaded
+from inference.api.lifecycle import ClientGone, Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +176,9 @@ class CompletionConsumer(GatewayHttpConsumer):
     endpoint = "chat.completions"
 
     async def handle_request(self, body: bytes) -> None:
-        call = await pipeline.prepare(key=self.checked_key, raw_body=body, endpoint=self.endpoint)
-        relay = pipeline.Relay(call)
-        cancelled = False
-        try:
+        life = await Lifecycle.begin(key=self.checked_key, raw_body=body, endpoint=self.endpoint)
+        async with life:
+            call, relay = life.call, life.relay
             try:
                 await relay.start()
             except ApiError as error:
@@ -188,18 +188,6 @@ class CompletionConsumer(GatewayHttpConsumer):
                 await self.stream(call, relay)
             else:
                 await self.whole(call, relay)
-        except asyncio.CancelledError:
-            cancelled = True
-            raise
-        finally:
-            await asyncio.shield(self.settle(call, relay, cancelled))
-
-    @staticmethod
-    async def settle(call: pipeline.Call, relay: pipeline.Relay, cancelled: bool) -> None:
-        if cancelled:
-            await relay.drain()
-        await relay.close()
-        await pipeline.finish(call, cancelled=cancelled)
 
     async def stream(self, call: pipeline.Call, relay: pipeline.Relay) -> None:
         await self.send_headers(status=200, headers=[*SSE_HEADERS, *call.headers])
@@ -236,7 +224,7 @@ class CompletionConsumer(GatewayHttpConsumer):
             return
         except responses.ResponseTooLarge as exc:
             # Stop here: closing the engine's stream (settle) aborts the rest of the work.
-            call.status, call.error = "error", "non-streamed response too large"
+            call.fail("non-streamed response too large")
             error = ApiError(
                 400,
                 f"The response grew past {exc.args[0]} bytes before it was complete. Ask for "
@@ -324,10 +312,6 @@ class NotFoundConsumer(GatewayHttpConsumer):
 
     async def handle_request(self, body: bytes) -> None:
         raise NotImplementedError  # never reached: check_before_body always answers
-
-
-class ClientGone(Exception):
-    """The WebSocket closed while a request was answering on it."""
 
 
 class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
@@ -476,10 +460,9 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
 
     async def run_call(self, rid: str, endpoint: str, body: Any, started: float) -> None:
         key = await authenticate(self.authorization)  # revoked meanwhile: refused from now on
-        call = await pipeline.prepare(key=key, raw_body=orjson.dumps(body), endpoint=endpoint)
-        relay = pipeline.Relay(call)
-        cancelled = False
-        try:
+        life = await Lifecycle.begin(key=key, raw_body=orjson.dumps(body), endpoint=endpoint)
+        async with life:  # a closed socket (ClientGone) or a cancel: cut off, drained, metered
+            call, relay = life.call, life.relay
             await relay.start()
             try:
                 async for batch in relay:
@@ -498,8 +481,3 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
                     "duration_ms": int((time.perf_counter() - started) * 1000),
                 }
             )
-        except (asyncio.CancelledError, ClientGone):
-            cancelled = True  # cancelled by the client, or the socket is gone
-            raise
-        finally:
-            await asyncio.shield(CompletionConsumer.settle(call, relay, cancelled))

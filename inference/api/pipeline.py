@@ -109,6 +109,17 @@ class Call:
     adapter_replica: str = ""  # the replica counting this request as using the adapter
     max_loras: int = 1  # adapters one replica of the pool holds at once
 
+    def fail(self, error: str, *, status: str = "error") -> None:
+        """The one place a call's outcome is set: ``error`` (the engine or the gateway
+        failed) or ``cut_off`` (the client left first). ``finish()`` settles a call that
+        ended without either."""
+        self.status, self.error = status, error[:300]
+
+    def note(self, error: str) -> None:
+        """What went wrong on the way (a replica that failed before another one answered),
+        kept with the record whatever the outcome."""
+        self.error = error[:300]
+
     @property
     def replica_name(self) -> str:
         """The replica as tenants and the ledger know it (never its internal address)."""
@@ -386,7 +397,7 @@ class Relay:
                 if response.status >= 500 or response.status == 404:
                     await self._failover(f"HTTP {response.status}")
                     continue
-                call.status, call.error = "error", f"engine refused: HTTP {response.status}"
+                call.fail(f"engine refused: HTTP {response.status}")
                 raise engine_error(response.status, body)
             self.batches = batches = sse_batches(response)
             try:
@@ -404,7 +415,7 @@ class Relay:
             call.ttft_ms = int((time.perf_counter() - call.t0) * 1000)
             self.last_progress = time.monotonic()
             return
-        call.status, call.error = "error", "no replica answered"
+        call.fail("no replica answered")
         raise overloaded(2, "No replica could serve the request. Retry shortly.")
 
     async def _adapter_onto_replica(self, adapter: Adapter) -> None:
@@ -430,10 +441,10 @@ class Relay:
                 )
         except RedisError:
             log.warning("adapter bookkeeping unavailable", exc_info=True)
-            call.status, call.error = "error", "adapter bookkeeping unavailable"
+            call.fail("adapter bookkeeping unavailable")
             raise overloaded(2, "Adapters cannot be placed for a moment. Retry shortly.") from None
         except ApiError as exc:  # the engine refused the adapter, or its load takes too long
-            call.status, call.error = "error", exc.message[:300]
+            call.fail(exc.message)
             raise
 
     async def _forget_adapter(self, adapter: Adapter) -> None:
@@ -447,14 +458,14 @@ class Relay:
         it back); when it is the pool's only replica, pause and try it again."""
         call = self.call
         log.warning("replica %s failed before answering (%s); rerouting", call.replica_url, reason)
-        call.error = f"{call.replica_name}: {reason}"[:300]
+        call.note(f"{call.replica_name}: {reason}")
         self.failures += 1
         try:
             replica = await admission().reroute(pool=call.pool, rid=call.rid, failed=call.replica)
         except RedisError:
             replica = ""
         if not replica:
-            call.status = "error"
+            call.fail(call.error)
             call.replica = ""
             raise overloaded(2, "No replica could serve the request. Retry shortly.")
         if replica == call.replica:
@@ -508,14 +519,11 @@ class Relay:
                 except TimeoutError:
                     raise Stalled(f"the engine sent nothing for {stall} s") from None
         except Stalled as exc:
-            call.status = "error"
-            call.error = f"{call.replica_name}: engine stalled mid-stream: {exc}"
+            call.fail(f"{call.replica_name}: engine stalled mid-stream: {exc}")
             await self._suspect()
             raise MidStreamError(call.error) from exc
         except (*TRANSPORT_ERRORS, MidStreamError) as exc:
-            call.status = "error"
-            call.error = f"{call.replica_name}: engine failed mid-stream: {_transport_reason(exc)}"
-            call.error = call.error[:300]
+            call.fail(f"{call.replica_name}: engine failed mid-stream: {_transport_reason(exc)}")
             raise MidStreamError(call.error) from exc
 
     def _count(self, usage: dict[str, Any] | None, choices: list[dict[str, Any]] | None) -> None:
@@ -597,10 +605,10 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
     if call.finished:
         return
     call.finished = True
-    if cancelled and call.status == "ok" and not call.done:
-        call.status = "cut_off"
-    elif call.status == "ok" and not call.done:
-        call.status = "error"
+    if call.status == "ok" and not call.done:
+        # Ended before the engine's [DONE] with no failure noted: the client left (a cut-off,
+        # billed for what was made), or the transport stopped reading for its own reason.
+        call.fail(call.error, status="cut_off" if cancelled else "error")
     parsed = call.parsed
     adjustment = W_IN * (call.prompt_tokens - parsed.prompt_estimate) + W_OUT * (
         call.completion_tokens - call.progressed
