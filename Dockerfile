@@ -32,8 +32,10 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && pip install -r /tmp/requirements.txt
 
 COPY README.md manage.py ./
+COPY contract ./contract
 COPY controlplane ./controlplane
 COPY tenants ./tenants
+COPY adapters ./adapters
 COPY inference ./inference
 COPY billing ./billing
 COPY moderation ./moderation
@@ -63,8 +65,10 @@ COPY --from=build /opt/venv /opt/venv
 
 WORKDIR /app
 COPY manage.py pyproject.toml ./
+COPY contract ./contract
 COPY controlplane ./controlplane
 COPY tenants ./tenants
+COPY adapters ./adapters
 COPY inference ./inference
 COPY billing ./billing
 COPY moderation ./moderation
@@ -76,7 +80,7 @@ COPY templates ./templates
 # throwaway build-time placeholders, set for this one command only and absent from the image.
 RUN SECRET_KEY=collectstatic-build-only ALLOWED_HOSTS=localhost \
         python manage.py collectstatic --noinput \
-    && python -m compileall -q controlplane tenants inference billing moderation \
+    && python -m compileall -q contract controlplane tenants adapters inference billing moderation \
     && mkdir -p /app/var/media \
     && chown inferplane:inferplane /app/var /app/var/media
 

@@ -16,9 +16,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
 
 from billing.models import Price, UsageRecord
+from contract import PriceRow, Prices
 
 MICROS_PER_USD = 1_000_000
 _ONE = Decimal(1)
@@ -110,42 +110,25 @@ class PriceBook:
         )
 
 
-def prices_for_catalog(*, at: datetime) -> dict[str, dict[str, list[list[Any]]]]:
+def prices_for_catalog(*, at: datetime) -> dict[str, Prices]:
     """Per model name, the list and contract prices in force at ``at`` or later, for the
-    gateway to count spend against budgets: ``{"list": [[from_ts, in, cached, out,
-    discount], ...], "tenant:<id>": [...]}`` sorted by start."""
-    out: dict[str, dict[str, list[list[Any]]]] = defaultdict(lambda: defaultdict(list))
+    gateway to count spend against budgets (``contract.Prices``)."""
+    out: dict[str, dict[str, list[PriceRow]]] = defaultdict(lambda: defaultdict(list))
     for price in Price.objects.select_related("model").order_by("effective_from"):
         scope = f"tenant:{price.tenant_id}" if price.tenant_id else "list"
         out[price.model.name][scope].append(
-            [
-                price.effective_from.timestamp(),
-                str(price.input_per_mtok),
-                str(price.cached_input_per_mtok),
-                str(price.output_per_mtok),
-                str(price.batch_discount_percent),
-            ]
+            PriceRow(
+                starts=price.effective_from.timestamp(),
+                input_per_mtok=price.input_per_mtok,
+                cached_input_per_mtok=price.cached_input_per_mtok,
+                output_per_mtok=price.output_per_mtok,
+                batch_discount_percent=price.batch_discount_percent,
+            )
         )
     # Keep only what can still apply: the last price started before ``at`` and later ones.
     cut = at.timestamp()
     for scopes in out.values():
         for scope, rows in scopes.items():
-            current = [r for r in rows if r[0] <= cut][-1:]
-            scopes[scope] = current + [r for r in rows if r[0] > cut]
+            current = [r for r in rows if r.starts <= cut][-1:]
+            scopes[scope] = current + [r for r in rows if r.starts > cut]
     return {name: dict(scopes) for name, scopes in out.items()}
-
-
-def rates_in_force(
-    prices: dict[str, list[list[Any]]] | None, *, tenant_id: int, at: float
-) -> list[Any] | None:
-    """From a catalog entry, the price row in force at epoch ``at`` for the tenant."""
-    if not prices:
-        return None
-    for scope in (f"tenant:{tenant_id}", "list"):
-        found = None
-        for row in prices.get(scope, ()):
-            if row[0] <= at:
-                found = row
-        if found is not None:
-            return found
-    return None

@@ -6,19 +6,21 @@ import logging
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
-from typing import Any, cast
+from typing import cast
 
+import msgspec
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+import contract
+from billing.budget_warnings import budget_warnings_take
 from billing.models import DailyUsage, Price, UsageRecord
 from billing.pricing import PriceBook
 from billing.selectors import ledger_sums
+from billing.signals import prices_changed
 from controlplane.redis import redis_sync
-from inference.api.limits import budget_warnings_take
-from inference.catalog import catalog_publish
 from inference.models import Model
 from tenants.models import Adapter, ApiKey, AuditEvent, Tenant, User
 from tenants.services import audit_record
@@ -27,18 +29,12 @@ log = logging.getLogger(__name__)
 
 ROLLUP_DIRTY = "ip:usage:dirty"  # set of "tenant_id:YYYY-MM-DD" whose rollups are stale
 
-_FIELDS = {f.attname for f in UsageRecord._meta.concrete_fields} - {"id"}
+
+def _record(data: contract.UsageRecord) -> UsageRecord:
+    return UsageRecord(**msgspec.structs.asdict(data))
 
 
-def _record(data: dict[str, Any]) -> UsageRecord:
-    values = {k: v for k, v in data.items() if k in _FIELDS}
-    for when in ("started_at", "finished_at"):
-        if isinstance(values.get(when), str):
-            values[when] = datetime.fromisoformat(values[when])
-    return UsageRecord(**values)
-
-
-def usage_records_insert(records: Iterable[dict[str, Any]]) -> int:
+def usage_records_insert(records: Iterable[contract.UsageRecord]) -> int:
     """Insert records, ignoring any whose request_id is already in the ledger (idempotent).
 
     A record naming a tenant or key that does not exist is dropped with an error in the log
@@ -218,7 +214,7 @@ def price_set(
                 "effective_from": price.effective_from.isoformat(),
             },
         )
-        transaction.on_commit(catalog_publish)  # the gateway counts spend with it
+        prices_changed.send(sender=Price, price=price)
     return price
 
 

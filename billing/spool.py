@@ -22,11 +22,13 @@ import socket
 import uuid
 from typing import Any, cast
 
+import msgspec
 import orjson
 import redis
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
+from contract import UsageRecord, encode, usage_decoder
 from controlplane.redis import redis_sync
 
 log = logging.getLogger(__name__)
@@ -60,11 +62,11 @@ return #items
 """
 
 
-def spool_push(*records: dict[str, Any]) -> None:
+def spool_push(*records: UsageRecord) -> None:
     """Spool records synchronously (the gateway uses its own pipeline; see metering)."""
     pipe = redis_sync().pipeline(transaction=False)
     for record in records:
-        pipe.xadd(USAGE_STREAM, {FIELD: orjson.dumps(record)})
+        pipe.xadd(USAGE_STREAM, {FIELD: encode(record)})
     pipe.execute()
 
 
@@ -103,7 +105,7 @@ def _dead_letter(client: redis.Redis, item: dict[str, Any]) -> None:
     client.rpush(DEAD_LETTERS, orjson.dumps(item, default=str))
 
 
-def _insert(client: redis.Redis, records: list[dict[str, Any]]) -> None:
+def _insert(client: redis.Redis, records: list[UsageRecord]) -> None:
     """Insert a batch. A batch the database refuses for its content is retried record by
     record, and a record refused on its own goes to the dead letters; an outage propagates
     (the entries stay pending and are retried)."""
@@ -124,7 +126,8 @@ def _insert(client: redis.Redis, records: list[dict[str, Any]]) -> None:
         except OUTAGE_ERRORS:
             raise
         except Exception as exc:
-            _dead_letter(client, {"record": record, "error": f"{type(exc).__name__}: {exc}"})
+            error = f"{type(exc).__name__}: {exc}"
+            _dead_letter(client, {"record": msgspec.to_builtins(record), "error": error})
 
 
 def usage_spool_flush(*, max_batches: int = 50) -> int:
@@ -141,9 +144,9 @@ def usage_spool_flush(*, max_batches: int = 50) -> int:
         records = []
         for _, fields in entries:
             try:
-                records.append(orjson.loads(fields[FIELD]))
-            except (KeyError, orjson.JSONDecodeError):
-                _dead_letter(client, {"entry": repr(fields), "error": "unreadable"})
+                records.append(usage_decoder.decode(fields[FIELD]))
+            except (KeyError, msgspec.DecodeError) as exc:
+                _dead_letter(client, {"entry": repr(fields), "error": f"unreadable: {exc}"})
         if records:
             _insert(client, records)
         ids = [entry_id for entry_id, _ in entries]

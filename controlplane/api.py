@@ -7,10 +7,13 @@ from typing import Any
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import QuerySet
 from drf_spectacular import openapi
 from rest_framework import exceptions
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from tenants.access import Perm, TenantAccess
@@ -69,3 +72,12 @@ class AutoSchema(openapi.AutoSchema):
         if len(outer) > 1:
             return outer[0].removesuffix("Api") + name
         return name
+
+
+def paginate(
+    request: Request, view: APIView, queryset: QuerySet[Any], serializer: type
+) -> Response:
+    """One page of a list (``limit`` / ``offset``), with DRF's ``count``/``next``/``previous``."""
+    paginator = LimitOffsetPagination()
+    page = paginator.paginate_queryset(queryset, request, view=view)
+    return paginator.get_paginated_response(serializer(page, many=True).data)

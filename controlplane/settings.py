@@ -83,6 +83,7 @@ INSTALLED_APPS = [
     "channels",
     "axes",
     "tenants",
+    "adapters",
     "inference",
     "billing",
     "moderation",
@@ -169,7 +170,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # Adapter validation has a queue and a worker of its own (Procfile "worker-adapters"), so
 # that uploads never hold up probes, metering and rollups on the default queue ("celery").
-CELERY_TASK_ROUTES = {"tenants.tasks.adapter_validate_task": {"queue": "adapters"}}
+CELERY_TASK_ROUTES = {"adapters.tasks.adapter_validate_task": {"queue": "adapters"}}
 # --- Stripe --------------------------------------------------------------------------------
 # Unset: invoices are still computed and finalized, but nothing is sent to Stripe and the
 # webhook refuses every call.
@@ -231,7 +232,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # Adapter versions still validating past INFERPLANE_ADAPTER_VALIDATION_DEADLINE_MINUTES
     # (a worker killed at the hard time limit, a lost message) get a verdict.
     "reject-stuck-adapters": {
-        "task": "tenants.tasks.adapters_stuck_reject_task",
+        "task": "adapters.tasks.adapters_stuck_reject_task",
         "schedule": 300.0,
         "options": {"expires": 240},
     },

@@ -25,6 +25,7 @@ api_patterns = [
     path("schema/swagger-ui/", swagger_ui, name="swagger-ui"),  # drf-spectacular's usual URL
     path("", include("billing.urls")),
     path("", include("tenants.urls")),
+    path("", include("adapters.urls")),
     path("", include("inference.urls")),
 ]
 

@@ -10,6 +10,11 @@ from django.db.models import Q, QuerySet, Sum
 
 from billing.models import DailyUsage, UsageRecord
 from billing.selectors import rollup_sums
+from inference.api.admission import queue_state
+from inference.api.limits import rejection_counts_key, rejections_key
+from inference.api.lora import adapters_held
+from inference.catalog import catalog_read
+from inference.models import Pool
 from tenants.models import Tenant
 
 
@@ -100,9 +105,6 @@ def ops_snapshot() -> dict[str, Any]:
     """The operator's view of serving right now: per pool its replicas (state from the last
     probe; in flight, capacity and adapters from the admission state in Redis) and per
     tenant what runs and what waits."""
-    from inference.api.admission import queue_state
-    from inference.api.lora import adapters_held
-    from inference.models import Pool
 
     tenants = {t.pk: t for t in Tenant.objects.all()}
     pools = []
@@ -136,25 +138,13 @@ def ops_snapshot() -> dict[str, Any]:
 
 
 def playground_models(*, tenant: Tenant) -> list[str]:
-    """What the tenant can call online: visible base models with a dedicated pool, then its
-    ready adapters (``<slug>/<name>``, their newest version)."""
-    from inference.models import Model, Pool
-    from tenants.models import Adapter
-
-    base = (
-        Model.objects.filter(Q(is_public=True) | Q(allowed_tenants=tenant))
-        .filter(pools__kind=Pool.Kind.DEDICATED)
-        .values_list("name", flat=True)
-        .distinct()
-        .order_by("name")
-    )
-    adapters = (
-        Adapter.objects.filter(tenant=tenant, status=Adapter.Status.READY, deleted_at__isnull=True)
-        .values_list("name", flat=True)
-        .distinct()
-        .order_by("name")
-    )
-    return [*base, *(f"{tenant.slug}/{name}" for name in adapters)]
+    """What the tenant can call online, as ``/v1/models`` lists it (``Catalog.callable_by``
+    decides), less the versioned names of its adapters: the base models, then its adapters
+    by ``<slug>/<name>`` (their newest version)."""
+    callable_now = catalog_read().callable_by(tenant.pk)
+    return [
+        name for name, found in callable_now.items() if found.adapter is None or ":" not in name
+    ]
 
 
 REJECTION_REASONS = {
@@ -174,7 +164,6 @@ def rejections(*, tenant: Tenant, today: date, limit: int = 10) -> dict[str, Any
     from redis.exceptions import RedisError
 
     from controlplane.redis import redis_sync
-    from inference.api.limits import rejection_counts_key, rejections_key
 
     try:
         pipe = redis_sync().pipeline(transaction=False)

@@ -24,6 +24,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from adapters import selectors as adapter_selectors
+from adapters import services as adapter_services
 from billing.models import Invoice
 from billing.pricing import micros_to_usd
 from billing.selectors import invoice_get, invoice_list
@@ -217,7 +219,7 @@ def _form_errors(form: Any, exc: ValidationError) -> None:
 
 def _adapter_rows(access: TenantAccess) -> dict[str, Any]:
     adapters = list(
-        tenant_selectors.adapter_list(tenant=access.tenant).select_related("base_model")[:200]
+        adapter_selectors.adapter_list(tenant=access.tenant).select_related("base_model")[:200]
     )
     return {
         "adapters": adapters,
@@ -242,7 +244,7 @@ def adapters(request: HttpRequest, slug: str) -> HttpResponse:
             form = forms.AdapterUploadForm(request.POST, request.FILES)
             if form.is_valid():
                 try:
-                    services.adapter_upload(
+                    adapter_services.adapter_upload(
                         tenant=access.tenant,
                         name=form.cleaned_data["name"],
                         files=form.files_given(),
@@ -278,10 +280,10 @@ def adapter_rows(request: HttpRequest, slug: str) -> HttpResponse:
 def adapter_delete(request: HttpRequest, slug: str, name: str, version: int) -> HttpResponse:
     access = page_access(request, slug, Perm.ADAPTERS_MANAGE)
     try:
-        adapter = tenant_selectors.adapter_get(tenant=access.tenant, name=name, version=version)
+        adapter = adapter_selectors.adapter_get(tenant=access.tenant, name=name, version=version)
     except Adapter.DoesNotExist:
         raise Http404("No such adapter.") from None
-    services.adapter_delete(adapter=adapter, actor=page_user(request))
+    adapter_services.adapter_delete(adapter=adapter, actor=page_user(request))
     return redirect("dashboard:adapters", slug=slug)
 
 

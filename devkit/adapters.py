@@ -8,7 +8,7 @@ import struct
 from array import array
 from typing import Any
 
-from tenants.lora import Architecture
+from adapters.validation import Architecture
 
 # The generated tiny-chat model (scripts/make_tiny_model.py): hidden 128, 2 heads of 64,
 # 2 layers, MLP 256.

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
-import orjson
+import msgspec
 from django.utils import timezone
+from redis.exceptions import RedisError
 
+from adapters.publishing import adapters_for_catalog
+from billing.pricing import prices_for_catalog
+from contract import Catalog, CatalogModel, CatalogPool, CatalogReplica, catalog_decoder, encode
 from controlplane.redis import redis_sync
 from inference.models import Model, Pool, Replica
 
@@ -34,100 +38,59 @@ def adapters_held_key(pool: str, replica: str) -> str:
     return f"{pool_prefix(pool)}lora:{replica}"
 
 
-def catalog_build() -> dict[str, Any]:
-    from billing.pricing import prices_for_catalog
-
+def catalog_build() -> Catalog:
     prices = prices_for_catalog(at=timezone.now())
-    models: dict[str, Any] = {}
-    for model in Model.objects.prefetch_related("allowed_tenants").order_by("name"):
-        models[model.name] = {
-            "served_name": model.served_name,
-            "context_length": model.context_length,
-            "supports_lora": model.supports_lora,
-            "accepts_images": model.accepts_images,
-            "accepts_audio": model.accepts_audio,
-            "is_public": model.is_public,
-            "allowed_tenants": sorted(t.pk for t in model.allowed_tenants.all()),
-            "created": int(model.created_at.timestamp()),
-            "online_pool": None,
-            "batch_pool": None,
-            "prices": prices.get(model.name, {}),
-        }
-    pools: dict[str, Any] = {}
+    pools: dict[str, CatalogPool] = {}
+    serving: dict[tuple[str, str], str] = {}  # (model, "online" | "batch") -> its first pool
     for pool in Pool.objects.select_related("model").prefetch_related("replicas").order_by("name"):
-        pools[pool.name] = {
-            "kind": pool.kind,
-            "model": pool.model.name,
-            "policy": pool.policy,
-            "max_inflight": pool.max_inflight,
-            "max_queue_wait_seconds": pool.max_queue_wait_seconds,
-            "max_loras": pool.max_loras,
-            "replicas": {
-                str(r.pk): {"url": r.url, "state": r.state, "name": r.name}
+        pools[pool.name] = CatalogPool(
+            kind=pool.kind,
+            model=pool.model.name,
+            policy=pool.policy,
+            max_inflight=pool.max_inflight,
+            max_queue_wait_seconds=pool.max_queue_wait_seconds,
+            max_loras=pool.max_loras,
+            replicas={
+                str(r.pk): CatalogReplica(url=r.url, state=r.state, name=r.name)
                 for r in pool.replicas.all()
             },
-        }
-        slot = "online_pool" if pool.kind == Pool.Kind.DEDICATED else "batch_pool"
-        if models[pool.model.name][slot] is None:
-            models[pool.model.name][slot] = pool.name
-    return {
-        "version": time.time_ns(),
-        "models": models,
-        "pools": pools,
-        "adapters": _adapters(models),
-    }
-
-
-def _adapters(models: dict[str, Any]) -> dict[str, Any]:
-    """Ready adapters by ``<tenant-slug>/<name>``: whose they are, their base model, and per
-    version the engine-side name and the directory an engine loads them from."""
-    from tenants.models import Adapter
-    from tenants.services import adapter_local_dir
-
-    adapters: dict[str, Any] = {}
-    ready = (
-        Adapter.objects.filter(status=Adapter.Status.READY, deleted_at__isnull=True)
-        .select_related("tenant", "base_model")
-        .order_by("tenant__slug", "name", "version")
-    )
-    for adapter in ready:
-        if adapter.base_model is None or adapter.base_model.name not in models:
-            continue
-        address = f"{adapter.tenant.slug}/{adapter.name}"
-        entry = adapters.setdefault(
-            address,
-            {
-                "tenant": adapter.tenant_id,
-                "created": int(adapter.created_at.timestamp()),
-                "latest": 0,
-                "versions": {},
-            },
         )
-        try:
-            path = adapter_local_dir(adapter=adapter)
-        except OSError:  # storage unreachable: not servable until the next publish
-            log.warning("adapter %s has no local copy for the engines", adapter, exc_info=True)
-            path = ""
-        entry["versions"][str(adapter.version)] = {
-            "engine_name": f"{address}:{adapter.version}",
-            "path": path,
-            "model": adapter.base_model.name,
-        }
-        entry["latest"] = adapter.version  # ordered by version: the newest wins
-    return adapters
+        kind = "online" if pool.kind == Pool.Kind.DEDICATED else "batch"
+        serving.setdefault((pool.model.name, kind), pool.name)
+    models: dict[str, CatalogModel] = {}
+    for model in Model.objects.prefetch_related("allowed_tenants").order_by("name"):
+        models[model.name] = CatalogModel(
+            served_name=model.served_name,
+            context_length=model.context_length,
+            supports_lora=model.supports_lora,
+            accepts_images=model.accepts_images,
+            accepts_audio=model.accepts_audio,
+            is_public=model.is_public,
+            allowed_tenants=frozenset(t.pk for t in model.allowed_tenants.all()),
+            created=int(model.created_at.timestamp()),
+            online_pool=serving.get((model.name, "online")),
+            batch_pool=serving.get((model.name, "batch")),
+            prices=prices.get(model.name, {}),
+        )
+    return Catalog(
+        version=time.time_ns(),
+        models=models,
+        pools=pools,
+        adapters=adapters_for_catalog(set(models)),
+    )
 
 
-def catalog_publish() -> dict[str, Any]:
+def catalog_publish() -> Catalog:
     catalog = catalog_build()
     client = redis_sync()
     pipe = client.pipeline(transaction=True)
-    pipe.set(CATALOG_KEY, orjson.dumps(catalog))
-    for name, pool in catalog["pools"].items():
+    pipe.set(CATALOG_KEY, encode(catalog))
+    for name, pool in catalog.pools.items():
         prefix = pool_prefix(name)
-        ready = {
-            rid: pool["max_inflight"]
-            for rid, replica in pool["replicas"].items()
-            if replica["state"] == Replica.State.READY
+        ready: dict[Any, int] = {
+            rid: pool.max_inflight
+            for rid, replica in pool.replicas.items()
+            if replica.state == Replica.State.READY
         }
         pipe.delete(prefix + "replicas")
         if ready:
@@ -135,6 +98,22 @@ def catalog_publish() -> dict[str, Any]:
         else:
             # An empty hash cannot exist; this marker says "catalog known, no capacity".
             pipe.hset(prefix + "replicas", "none", 0)
-        pipe.set(prefix + "policy", pool["policy"])
+        pipe.set(prefix + "policy", pool.policy)
     pipe.execute()
     return catalog
+
+
+def catalog_read() -> Catalog:
+    """The catalog as the gateways serve it now, for synchronous readers (the dashboard):
+    the published snapshot, or a fresh build when Redis has none or cannot be read."""
+    try:
+        raw = redis_sync().get(CATALOG_KEY)
+    except RedisError:
+        log.warning("serving catalog unreadable in Redis: building it", exc_info=True)
+        return catalog_build()
+    if raw is not None:
+        try:
+            return catalog_decoder.decode(cast(bytes, raw))
+        except msgspec.DecodeError:
+            log.warning("serving catalog in Redis unreadable: republishing it", exc_info=True)
+    return catalog_publish()

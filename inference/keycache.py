@@ -19,6 +19,7 @@ from django.db import transaction
 
 from controlplane.redis import redis_sync
 from inference.models import KeyCacheInvalidation
+from tenants.models import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,6 @@ def keycache_outbox_flush(*, batch: int = 500) -> int:
     """Apply pending invalidations to Redis; those applied leave the outbox. Safe anywhere,
     any number at once (rows are claimed with SKIP LOCKED). A Redis error leaves them for
     the next run."""
-    from tenants.models import ApiKey
 
     done = 0
     while True:

@@ -21,7 +21,9 @@ from django.db import transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from adapters.services import adapter_files_remove
 from controlplane.redis import redis_sync
+from inference.api.admission import adapter_in_use
 from inference.catalog import adapters_held_key, catalog_publish, pool_prefix
 from inference.engine_auth import engine_auth_headers
 from inference.engine_metrics import engine_metrics_parse
@@ -34,6 +36,7 @@ from inference.models import (
     name_validator,
 )
 from inference.selectors import replica_in_flight, replicas_in_flight
+from tenants.models import Adapter
 
 log = logging.getLogger(__name__)
 
@@ -546,7 +549,6 @@ def _adapters_reconcile(
 ) -> None:
     """After an engine restart its adapters are gone; after a delete they must go. Unload
     what is no longer served (a delete that found the engine away), record the rest."""
-    from tenants.models import Adapter
 
     served: set[str] = set()
     for name in loaded:
@@ -584,8 +586,6 @@ def adapter_retire(*, adapter_id: int, force: bool = False) -> bool:
     (requests already running with it finish: vLLM's unload only forgets the name). Its
     files go once no request uses it any more and no other adapter shares them. False
     while a request still runs with it (the task tries again later)."""
-    from tenants.models import Adapter
-    from tenants.services import adapter_files_remove
 
     adapter = Adapter.objects.select_related("tenant").filter(pk=adapter_id).first()
     if adapter is None:  # its tenant is gone (and its rows with it)
@@ -605,21 +605,10 @@ def adapter_retire(*, adapter_id: int, force: bool = False) -> bool:
             log.info("could not unload %s from %s now: %s", engine_name, replica, exc)
         client.zrem(adapters_held_key(replica.pool.name, str(replica.pk)), engine_name)
         pools.add(replica.pool.name)
-    busy = any(_adapter_in_flight(client, p, adapter.tenant_id, engine_name) for p in pools)
+    busy = any(
+        adapter_in_use(p, tenant_id=adapter.tenant_id, engine_name=engine_name) for p in pools
+    )
     if busy and not force:
         return False
     adapter_files_remove(adapter=adapter)
     return True
-
-
-def _adapter_in_flight(client: Any, pool: str, tenant_id: int, engine_name: str) -> bool:
-    """Whether a request for the adapter is admitted, or waiting for admission, in the pool
-    (waiting ones are in their tenant's queue, or the pool's one queue under fcfs)."""
-    prefix = pool_prefix(pool)
-    rids = client.zrange(prefix + "inflight", 0, -1)
-    rids += client.lrange(f"{prefix}q:{tenant_id}", 0, -1)
-    rids += client.lrange(prefix + "fcfs", 0, -1)
-    pipe = client.pipeline(transaction=False)
-    for rid in rids:
-        pipe.hget(prefix + "req:" + (rid.decode() if isinstance(rid, bytes) else rid), "adapter")
-    return engine_name.encode() in pipe.execute()

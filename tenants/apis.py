@@ -8,26 +8,21 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import QuerySet
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, serializers, status
-from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import request_user, tenant_access
+from controlplane.api import paginate, request_user, tenant_access
 from tenants import selectors, services
-from tenants.access import Perm, TenantAccess
+from tenants.access import Perm
 from tenants.models import (
     MAX_BUDGET,
     MAX_RATE,
-    Adapter,
     ApiKey,
     Invitation,
     LimitFields,
@@ -38,14 +33,6 @@ from tenants.models import (
 )
 
 MICROS = Decimal(1_000_000)
-
-
-def _paginate(
-    request: Request, view: APIView, queryset: QuerySet[Any], serializer: type
-) -> Response:
-    paginator = LimitOffsetPagination()
-    page = paginator.paginate_queryset(queryset, request, view=view)
-    return paginator.get_paginated_response(serializer(page, many=True).data)
 
 
 # --- Limits (shared by tenants and keys) -----------------------------------------------------
@@ -124,7 +111,7 @@ class TenantListApi(APIView):
     @extend_schema(responses=TenantOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
         tenants = selectors.tenant_list_for_user(user=request_user(request))
-        return _paginate(request, self, tenants, TenantOutputSerializer)
+        return paginate(request, self, tenants, TenantOutputSerializer)
 
 
 class TenantCreateApi(APIView):
@@ -216,7 +203,7 @@ class MemberListApi(APIView):
     def get(self, request: Request, slug: str) -> Response:
         access = tenant_access(request, slug)
         members = selectors.membership_list(tenant=access.tenant)
-        return _paginate(request, self, members, MembershipOutputSerializer)
+        return paginate(request, self, members, MembershipOutputSerializer)
 
 
 class MemberUpdateApi(APIView):
@@ -284,7 +271,7 @@ class InvitationListApi(APIView):
     def get(self, request: Request, slug: str) -> Response:
         access = tenant_access(request, slug, Perm.MEMBERS_MANAGE)
         invitations = selectors.invitation_list_open(tenant=access.tenant)
-        return _paginate(request, self, invitations, InvitationOutputSerializer)
+        return paginate(request, self, invitations, InvitationOutputSerializer)
 
 
 class InvitationCreateApi(APIView):
@@ -395,7 +382,7 @@ class ApiKeyListApi(APIView):
     @extend_schema(responses=ApiKeyOutputSerializer(many=True))
     def get(self, request: Request, slug: str) -> Response:
         access = tenant_access(request, slug)
-        return _paginate(
+        return paginate(
             request, self, selectors.api_key_list(tenant=access.tenant), ApiKeyOutputSerializer
         )
 
@@ -520,7 +507,7 @@ class AuditEventListApi(APIView):
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
         events = selectors.audit_event_list(tenant=access.tenant, **filters.validated_data)
-        return _paginate(request, self, events, AuditEventOutputSerializer)
+        return paginate(request, self, events, AuditEventOutputSerializer)
 
 
 # --- Me ----------------------------------------------------------------------------------------
@@ -542,109 +529,3 @@ class MeApi(APIView):
     @extend_schema(responses=OutputSerializer)
     def get(self, request: Request) -> Response:
         return Response(self.OutputSerializer(request_user(request)).data)
-
-
-# --- LoRA adapters -------------------------------------------------------------------------------
-
-
-class PayloadTooLarge(exceptions.APIException):
-    status_code = 413
-    default_detail = "The upload is too large."
-    default_code = "payload_too_large"
-
-
-class AdapterOutputSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField()
-    version = serializers.IntegerField()
-    model = serializers.SerializerMethodField(help_text="What to send as `model` on /v1.")
-    status = serializers.CharField()
-    reason = serializers.CharField()
-    sha256 = serializers.CharField()
-    size_bytes = serializers.IntegerField()
-    base_model = serializers.CharField(source="base_model.name", default=None)
-    rank = serializers.IntegerField()
-    target_modules = serializers.ListField(child=serializers.CharField())
-    created_at = serializers.DateTimeField()
-    validated_at = serializers.DateTimeField()
-    last_used_at = serializers.DateTimeField()
-
-    def get_model(self, adapter: Adapter) -> str:
-        return f"{adapter.tenant.slug}/{adapter.name}:{adapter.version}"
-
-
-class AdapterListApi(APIView):
-    @extend_schema(responses=AdapterOutputSerializer(many=True))
-    def get(self, request: Request, slug: str) -> Response:
-        access = tenant_access(request, slug, Perm.VIEW)
-        adapters = selectors.adapter_list(tenant=access.tenant).select_related(
-            "tenant", "base_model"
-        )
-        return _paginate(request, self, adapters, AdapterOutputSerializer)
-
-
-class AdapterUploadApi(APIView):
-    """Multipart: ``name`` and either ``archive`` (.zip / .tar.gz) or ``adapter_config`` +
-    ``adapter_model``. Answers 202: validation runs in the background (poll the adapter)."""
-
-    parser_classes = [MultiPartParser]
-
-    class InputSerializer(serializers.Serializer[Any]):
-        name = serializers.CharField(max_length=63)
-        archive = serializers.FileField(required=False)
-        adapter_config = serializers.FileField(required=False)
-        adapter_model = serializers.FileField(required=False)
-
-    @extend_schema(request=InputSerializer, responses={202: AdapterOutputSerializer})
-    def post(self, request: Request, slug: str) -> Response:
-        access = tenant_access(request, slug, Perm.ADAPTERS_MANAGE)
-        try:
-            declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            declared = 0
-        if declared > settings.ADAPTER_MAX_BYTES:
-            raise PayloadTooLarge(
-                f"Adapters are limited to {settings.ADAPTER_MAX_BYTES:,} bytes per upload."
-            )
-        data = self.InputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        files = {
-            part: data.validated_data[part]
-            for part in ("archive", "adapter_config", "adapter_model")
-            if part in data.validated_data
-        }
-        try:
-            adapter = services.adapter_upload(
-                tenant=access.tenant,
-                name=data.validated_data["name"],
-                files=files,
-                actor=request_user(request),
-            )
-        except DjangoValidationError as exc:
-            raise exceptions.ValidationError(
-                exc.message_dict if hasattr(exc, "error_dict") else {"name": exc.messages}
-            ) from None
-        return Response(AdapterOutputSerializer(adapter).data, status=status.HTTP_202_ACCEPTED)
-
-
-def _adapter(access: TenantAccess, name: str, version: int) -> Adapter:
-    try:
-        return selectors.adapter_get(tenant=access.tenant, name=name, version=version)
-    except Adapter.DoesNotExist:
-        raise exceptions.NotFound() from None
-
-
-class AdapterDetailApi(APIView):
-    @extend_schema(responses=AdapterOutputSerializer)
-    def get(self, request: Request, slug: str, name: str, version: int) -> Response:
-        access = tenant_access(request, slug, Perm.VIEW)
-        return Response(AdapterOutputSerializer(_adapter(access, name, version)).data)
-
-
-class AdapterDeleteApi(APIView):
-    @extend_schema(request=None, responses={204: None})
-    def post(self, request: Request, slug: str, name: str, version: int) -> Response:
-        access = tenant_access(request, slug, Perm.ADAPTERS_MANAGE)
-        services.adapter_delete(
-            adapter=_adapter(access, name, version), actor=request_user(request)
-        )
-        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -14,6 +14,9 @@ import secrets
 from dataclasses import dataclass
 
 KEY_TAG = "sk-ip-"
+# When each key was last used (prefix -> epoch seconds), a Redis hash the gateway's limits
+# script stamps on every request and ``services.api_keys_last_used_flush`` writes to the rows.
+LAST_USED_KEY = "ip:key_last_used"
 PREFIX_LENGTH = 12
 
 

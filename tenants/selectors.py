@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 
 from tenants.access import ROLE_PERMS, STAFF_PERMS, TenantAccess
 from tenants.keys import digest_matches, key_parse
-from tenants.models import Adapter, ApiKey, AuditEvent, Invitation, Membership, Tenant, User
+from tenants.models import ApiKey, AuditEvent, Invitation, Membership, Tenant, User
 
 
 def tenant_list_for_user(*, user: User) -> QuerySet[Tenant]:
@@ -111,14 +111,3 @@ def audit_event_list(
     if since is not None:
         events = events.filter(created_at__gte=since)
     return events
-
-
-def adapter_list(*, tenant: Tenant) -> QuerySet[Adapter]:
-    return Adapter.objects.filter(tenant=tenant, deleted_at__isnull=True).order_by(
-        "name", "-version"
-    )
-
-
-def adapter_get(*, tenant: Tenant, name: str, version: int) -> Adapter:
-    """Raises ``Adapter.DoesNotExist`` for another tenant's adapter, as for a missing one."""
-    return Adapter.objects.get(tenant=tenant, name=name, version=version, deleted_at__isnull=True)

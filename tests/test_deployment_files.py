@@ -220,6 +220,21 @@ def test_dockerfile_is_multi_stage_non_root_and_collects_static() -> None:
     assert cmd and "uvicorn" in cmd[-1]
 
 
+def test_the_image_holds_every_package_of_the_product() -> None:
+    """A package left out of the image imports fine here and fails only in production."""
+    text = (ROOT / "Dockerfile").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    found = re.search(r"^include = \[(.*)\]$", pyproject, flags=re.MULTILINE)
+    assert found, "pyproject.toml lists the packages it installs"
+    packages = [p.strip().strip('"').rstrip("*") for p in found.group(1).split(",")]
+    on_disk = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench", "devkit"}
+    assert set(packages) == on_disk, "pyproject.toml installs exactly the product's packages"
+    stages = text.split("\nFROM ")[1:]
+    for package in packages:
+        for stage in stages:
+            assert f"COPY {package} ./{package}" in stage, f"{package} is missing from a stage"
+
+
 def test_dockerignore_keeps_local_state_out() -> None:
     entries = {
         line.strip().rstrip("/")

@@ -39,6 +39,7 @@ import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import cast
 
 from redis.exceptions import RedisError
 
@@ -331,3 +332,18 @@ def queue_state(pool: str) -> QueueState:
         waiting=waiting,
         fcfs_waiting=int(fcfs),
     )
+
+
+def adapter_in_use(pool: str, *, tenant_id: int, engine_name: str) -> bool:
+    """Whether a request for the adapter is admitted, or waiting for admission, in ``pool``
+    (waiting ones are in their tenant's queue, or the pool's one queue under fcfs)."""
+    from controlplane.redis import redis_sync
+
+    client, prefix = redis_sync(), pool_prefix(pool)
+    rids = cast(list[bytes], client.zrange(prefix + "inflight", 0, -1))
+    rids += cast(list[bytes], client.lrange(f"{prefix}q:{tenant_id}", 0, -1))
+    rids += cast(list[bytes], client.lrange(prefix + "fcfs", 0, -1))
+    pipe = client.pipeline(transaction=False)
+    for rid in rids:
+        pipe.hget(prefix + "req:" + rid.decode(), "adapter")
+    return engine_name.encode() in pipe.execute()

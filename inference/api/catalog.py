@@ -1,16 +1,18 @@
 """This process's copy of the serving catalog, refreshed from Redis every second in the
-background (never per request). When Redis has lost it, it is rebuilt from Postgres."""
+background (never per request), decoded into ``contract.Catalog``. When Redis has lost it,
+or holds one this process cannot read (a publisher of another version), it is rebuilt from
+Postgres."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any
 
-import orjson
+import msgspec
 from redis.exceptions import RedisError
 
+from contract import Catalog, catalog_decoder
 from inference.api.db import run_db
 from inference.api.redis import redis_async
 from inference.catalog import CATALOG_KEY, catalog_publish
@@ -22,12 +24,12 @@ REFRESH_SECONDS = 1.0
 
 class CatalogView:
     def __init__(self) -> None:
-        self.data: dict[str, Any] | None = None
+        self.data: Catalog | None = None
         self.fetched = 0.0
         self.task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
-    async def get(self) -> dict[str, Any]:
+    async def get(self) -> Catalog:
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._refresh_forever())
         if self.data is None:
@@ -39,11 +41,17 @@ class CatalogView:
     async def refresh(self, *, republish: bool = False) -> None:
         async with self._lock:
             raw = None if republish else await redis_async().get(CATALOG_KEY)
-            if raw is None:
-                log.info("serving catalog missing in Redis: publishing it from the database")
-                self.data = await run_db(catalog_publish)
-            else:
-                self.data = orjson.loads(raw)
+            data = None
+            if raw is not None:
+                try:
+                    data = catalog_decoder.decode(raw)
+                except msgspec.DecodeError:
+                    log.warning("serving catalog in Redis unreadable: rebuilding it", exc_info=True)
+            if data is None:
+                if raw is None:
+                    log.info("serving catalog missing in Redis: publishing it from the database")
+                data = await run_db(catalog_publish)
+            self.data = data
             self.fetched = time.monotonic()
 
     async def _refresh_forever(self) -> None:

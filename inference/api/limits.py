@@ -16,23 +16,23 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import orjson
 from django.db.models import F, Sum
 from redis.exceptions import RedisError
 
+from billing.budget_warnings import BUDGET_WARNINGS
 from inference.api.auth import KeyInfo
 from inference.api.db import run_db
 from inference.api.errors import ApiError, overloaded
 from inference.api.lua import Batch, Script
 from inference.api.redis import redis_async
+from tenants.keys import LAST_USED_KEY
 
 log = logging.getLogger(__name__)
 
 LEASE_MS = 20_000
-LAST_USED = "ip:key_last_used"
-BUDGET_WARNINGS = "ip:budget:warnings"  # "kind|t or k|id|YYYYMM|used|limit" per crossing
 
 
 # KEYS: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month last_used t_spend k_spend
@@ -213,7 +213,7 @@ async def acquire(
                 k["tpm"],
                 k["conc"],
                 k["month"],
-                LAST_USED,
+                LAST_USED_KEY,
                 t["spend"],
                 k["spend"],
             ],
@@ -302,34 +302,3 @@ async def acquire(
         code="rate_limit_exceeded",
         headers={**extra, "retry-after": str(retry_after)},
     )
-
-
-# --- readers, for the control plane (synchronous) -----------------------------------------
-
-
-@dataclass(frozen=True)
-class BudgetWarning:
-    """A monthly budget crossed 80% (noted by RELEASE as the request that crossed it ended)."""
-
-    kind: str  # "tokens" or "spend" (micro-dollars)
-    scope: str  # "t" tenant or "k" key
-    ident: int  # the tenant's or key's id
-    month: str  # YYYYMM
-    used: int
-    limit: int
-
-
-def budget_warnings_take(max_items: int) -> tuple[list[BudgetWarning], list[bytes]]:
-    """Take up to ``max_items`` noted warnings off Redis: the readable ones, and the raw
-    notes that could not be read (for the caller to log)."""
-    from controlplane.redis import redis_sync
-
-    raw_items = cast(list[bytes], redis_sync().lpop(BUDGET_WARNINGS, max_items) or [])
-    warnings, unreadable = [], []
-    for raw in raw_items:
-        try:
-            kind, scope, ident, month, used, limit = raw.decode().split("|")
-            warnings.append(BudgetWarning(kind, scope, int(ident), month, int(used), int(limit)))
-        except ValueError:
-            unreadable.append(raw)
-    return warnings, unreadable

@@ -52,7 +52,7 @@ def _price(model: Model, at: datetime, tenant: Tenant | None = None, **rates: st
 def _insert(tenant: Tenant, at: datetime, **fields: Any) -> UsageRecord:
     record = _record(tenant, started_at=at.isoformat(), finished_at=at.isoformat(), **fields)
     usage_records_insert([record])
-    return UsageRecord.objects.get(request_id=record["request_id"])
+    return UsageRecord.objects.get(request_id=record.request_id)
 
 
 def test_cost_is_exact_for_awkward_prices_and_counts(model: Model) -> None:

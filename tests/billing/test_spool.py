@@ -8,12 +8,14 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import orjson
 import psycopg
 import pytest
 import redis
 from django.db import OperationalError, connection
 
+import contract
 from billing.models import UsageRecord
 from billing.spool import (
     DEAD_LETTERS,
@@ -33,23 +35,23 @@ from tests.live import wait_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _records(tenant: Tenant, key: ApiKey, n: int) -> list[dict[str, Any]]:
-    now = datetime.now(UTC).isoformat()
+def _records(tenant: Tenant, key: ApiKey, n: int) -> list[contract.UsageRecord]:
+    now = datetime.now(UTC)
     return [
-        {
-            "request_id": uuid.uuid4().hex,
-            "tenant_id": tenant.pk,
-            "api_key_id": key.pk,
-            "model": "tiny-chat",
-            "endpoint": "chat.completions",
-            "mode": "online",
-            "status": "ok",
-            "prompt_tokens": 7,
-            "completion_tokens": i % 50,
-            "cached_tokens": 0,
-            "started_at": now,
-            "finished_at": now,
-        }
+        contract.UsageRecord(
+            request_id=uuid.uuid4().hex,
+            tenant_id=tenant.pk,
+            api_key_id=key.pk,
+            model="tiny-chat",
+            endpoint="chat.completions",
+            mode="online",
+            status="ok",
+            prompt_tokens=7,
+            completion_tokens=i % 50,
+            cached_tokens=0,
+            started_at=now,
+            finished_at=now,
+        )
         for i in range(n)
     ]
 
@@ -80,7 +82,7 @@ def test_every_record_lands_once_and_replays_are_absorbed(records: Any) -> None:
 
 def test_records_spooled_by_the_previous_version_are_moved_in(records: Any) -> None:
     tenant, key = records
-    redis_sync().rpush(LEGACY_SPOOL, *(orjson.dumps(r) for r in _records(tenant, key, 3)))
+    redis_sync().rpush(LEGACY_SPOOL, *(contract.encode(r) for r in _records(tenant, key, 3)))
     assert usage_spool_flush() == 3
     assert UsageRecord.objects.count() == 3
     assert redis_sync().llen(LEGACY_SPOOL) == 0
@@ -111,13 +113,14 @@ def test_a_failed_insert_loses_nothing_and_is_retried(
 def test_a_record_the_ledger_refuses_is_kept_aside_and_blocks_nobody(records: Any) -> None:
     tenant, key = records
     good = _records(tenant, key, 2)
-    bad = {**good[0], "request_id": uuid.uuid4().hex, "prompt_tokens": -5}  # violates a check
+    # A negative count violates a check constraint of the ledger.
+    bad = msgspec.structs.replace(good[0], request_id=uuid.uuid4().hex, prompt_tokens=-5)
     spool_push(good[0], bad, good[1])
     assert usage_spool_flush() == 3
     assert UsageRecord.objects.count() == 2
     assert spool_length() == 0
     dead = [orjson.loads(x) for x in redis_sync().lrange(DEAD_LETTERS, 0, -1)]
-    assert [d["record"]["request_id"] for d in dead] == [bad["request_id"]]
+    assert [d["record"]["request_id"] for d in dead] == [bad.request_id]
 
 
 def test_two_workers_and_a_locked_ledger_lose_and_double_nothing(
@@ -152,5 +155,5 @@ def test_two_workers_and_a_locked_ledger_lose_and_double_nothing(
     wait_for(lambda: spool_length() == 0, timeout=120, every=0.5)
     ids = list(UsageRecord.objects.values_list("request_id", flat=True))
     assert len(ids) == 10_000
-    assert set(ids) == {r["request_id"] for r in batch}
+    assert set(ids) == {r.request_id for r in batch}
     assert client.xpending(USAGE_STREAM, USAGE_GROUP)["pending"] == 0

@@ -8,10 +8,12 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from django.conf import settings
 from django.core.management import call_command
 
+import contract
 from billing.models import UsageRecord
 from billing.services import daily_usage_refresh, usage_records_insert
 from tenants.models import Tenant
@@ -20,10 +22,11 @@ from tests.conftest import run_manage
 from tests.factories import TenantFactory
 
 
-def _record(tenant: Tenant, **overrides: Any) -> dict[str, Any]:
+def _record(tenant: Tenant, **overrides: Any) -> contract.UsageRecord:
+    """A record as the gateway writes one (ISO strings for times, as on the wire)."""
     key = api_key_create(tenant=tenant, name="k", created_by=None).api_key
     now = datetime.now(UTC)
-    return {
+    values = {
         "request_id": uuid.uuid4().hex,
         "tenant_id": tenant.pk,
         "api_key_id": key.pk,
@@ -44,15 +47,13 @@ def _record(tenant: Tenant, **overrides: Any) -> dict[str, Any]:
         "finished_at": (now + timedelta(milliseconds=40)).isoformat(),
         **overrides,
     }
+    return msgspec.convert(values, contract.UsageRecord)
 
 
-def insert_with_rollups(records: list[dict[str, Any]]) -> None:
+def insert_with_rollups(records: list[contract.UsageRecord]) -> None:
     """Records into the ledger, and the daily rollups of every (tenant, day) they touch."""
     usage_records_insert(records)
-    touched = {
-        (r["tenant_id"], datetime.fromisoformat(r["started_at"]).astimezone(UTC).date())
-        for r in records
-    }
+    touched = {(r.tenant_id, r.started_at.astimezone(UTC).date()) for r in records}
     for tenant_id, day in touched:
         daily_usage_refresh(tenant_id=tenant_id, day=day)
 
@@ -63,7 +64,7 @@ def test_insert_is_idempotent_on_request_id() -> None:
     record = _record(tenant)
     usage_records_insert([record])
     usage_records_insert([record, record])
-    assert UsageRecord.objects.filter(request_id=record["request_id"]).count() == 1
+    assert UsageRecord.objects.filter(request_id=record.request_id).count() == 1
 
 
 @pytest.mark.django_db
@@ -71,7 +72,7 @@ def test_one_bad_record_does_not_hold_back_the_batch() -> None:
     tenant = TenantFactory.create()
     good, bad = _record(tenant), _record(tenant, tenant_id=10**9)
     usage_records_insert([good, bad])
-    assert list(UsageRecord.objects.values_list("request_id", flat=True)) == [good["request_id"]]
+    assert list(UsageRecord.objects.values_list("request_id", flat=True)) == [good.request_id]
 
 
 @pytest.mark.django_db
@@ -105,7 +106,7 @@ def test_export_usage_csv() -> None:
     )
     assert len(rows) == 2
     row = dict(zip(rows[0], rows[1], strict=True))
-    assert row["request_id"] == inside["request_id"] and row["tenant"] == "acme"
+    assert row["request_id"] == inside.request_id and row["tenant"] == "acme"
     assert row["api_key"].startswith("sk-ip-") and row["cost_usd"] == ""
     assert (row["prompt_tokens"], row["completion_tokens"]) == ("11", "7")
 
@@ -149,5 +150,5 @@ def test_export_pages_visit_every_record_once_even_with_equal_times() -> None:
         )
     )
     seen = [row[1] for page in pages for row in page]
-    assert len(pages) == 4 and sorted(seen) == sorted(r["request_id"] for r in records)
+    assert len(pages) == 4 and sorted(seen) == sorted(r.request_id for r in records)
     assert len(set(seen)) == len(seen)

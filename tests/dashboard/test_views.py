@@ -14,12 +14,13 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.utils import timezone
 
+from contract import UsageRecord
 from devkit.adapters import config, lora_tensors, safetensors
 from tenants.models import Adapter, ApiKey, Invitation, Membership, User
 from tenants.services import api_key_create
+from tests.adapters.test_adapters import served  # noqa: F401  (fixture)
 from tests.billing.test_usage import _record, insert_with_rollups
 from tests.conftest import TenantPeople
-from tests.tenants.test_adapters import served  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -371,9 +372,7 @@ def _usage_days(people: TenantPeople) -> tuple[ApiKey, ApiKey]:
     today = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
     yesterday = today - timedelta(days=1)
 
-    def record(
-        key: ApiKey | None, model: str, mode: str, when: datetime, cost: int
-    ) -> dict[str, Any]:
+    def record(key: ApiKey | None, model: str, mode: str, when: datetime, cost: int) -> UsageRecord:
         return _record(
             people.other_tenant if key is None else people.tenant,
             api_key_id=key.pk if key else None,

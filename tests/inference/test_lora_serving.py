@@ -16,12 +16,12 @@ import pytest
 import redis as redis_lib
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from adapters.services import adapter_local_dir
 from devkit.adapters import TINY_CONFIG, config, lora_tensors, safetensors, scaled_weights
 from inference.catalog import adapters_held_key, catalog_publish
 from inference.models import Model, Pool
 from inference.services import replica_probe
 from tenants.models import Adapter, Role, Tenant
-from tenants.services import adapter_local_dir
 from tests.conftest import client_for
 from tests.engines import ENGINE_HEADERS, Engine, engine_start
 from tests.factories import MembershipFactory, UserFactory

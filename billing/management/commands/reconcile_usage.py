@@ -7,7 +7,6 @@ from django.utils import timezone
 from billing.reconcile import usage_reconcile
 from billing.spool import usage_spool_flush
 from inference.models import Pool
-from inference.selectors import pool_get
 
 
 class Command(BaseCommand):
@@ -24,7 +23,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            pool = pool_get(name=options["pool"])
+            pool = Pool.objects.get(name=options["pool"])
         except Pool.DoesNotExist:
             raise CommandError(f"no pool named {options['pool']!r}") from None
         since = timezone.now() - timedelta(hours=24)

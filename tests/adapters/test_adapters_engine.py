@@ -11,12 +11,12 @@ import httpx
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from adapters.services import adapter_local_dir, adapter_validate
 from devkit.adapters import config, lora_tensors, safetensors, scaled_weights
 from tenants.models import Adapter
-from tenants.services import adapter_local_dir, adapter_validate
+from tests.adapters.test_adapters import served  # noqa: F401  (fixture)
 from tests.conftest import TenantPeople, client_for
 from tests.engines import ENGINE_HEADERS, Engine, engine_start
-from tests.tenants.test_adapters import served  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")

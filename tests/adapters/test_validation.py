@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from adapters.validation import CONFIG, WEIGHTS, Rejected, unpack, validate
 from devkit.adapters import TINY, config, lora_tensors, safetensors
-from tenants.lora import CONFIG, WEIGHTS, Rejected, unpack, validate
 
 BASES = ["tiny-chat", "/models/tiny-chat-v1"]
 MB = 1024 * 1024

@@ -20,17 +20,15 @@ from django.urls import reverse
 from django.utils import timezone
 from kombu import Queue
 
+from adapters.services import adapter_reject, adapter_validate
+from adapters.tasks import adapter_validate_task, adapters_stuck_reject_task
+from adapters.validation import WEIGHTS
 from controlplane.celery import app as celery_app
 from devkit.adapters import TINY_CONFIG, config, lora_tensors, safetensors
 from inference.models import Model, Pool
 from inference.services import adapter_retire
-from tenants.lora import WEIGHTS
 from tenants.models import Adapter, AuditEvent
-from tenants.services import adapter_reject, adapter_validate
-from tenants.tasks import adapter_validate_task, adapters_stuck_reject_task
-from tests.conftest import TenantPeople, client_for, test_database_url
-from tests.live import wait_for
-from tests.tenants.test_lora import (
+from tests.adapters.test_validation import (
     GOOD,
     MB,
     STORED_GOOD,
@@ -39,6 +37,8 @@ from tests.tenants.test_lora import (
     tar_of,
     zip_of,
 )
+from tests.conftest import TenantPeople, client_for, test_database_url
+from tests.live import wait_for
 
 UPLOAD = "/api/tenants/acme/adapters/upload/"
 
@@ -265,9 +265,9 @@ def test_with_storage_without_local_paths_engines_get_a_cached_copy(
 
     from inference.catalog import catalog_build
 
-    entry = catalog_build()["adapters"]["acme/support-bot"]["versions"]["1"]
+    entry = catalog_build().adapters["acme/support-bot"].versions["1"]
     cached = tmp_path / "cache" / adapter.sha256
-    assert entry["path"] == str(cached)
+    assert entry.path == str(cached)
     assert sorted(p.name for p in cached.iterdir()) == [
         "adapter_config.json",
         "adapter_model.safetensors",
@@ -277,7 +277,7 @@ def test_with_storage_without_local_paths_engines_get_a_cached_copy(
     for part in cached.iterdir():
         part.unlink()
     cached.rmdir()
-    assert catalog_build()["adapters"]["acme/support-bot"]["versions"]["1"]["path"] == str(cached)
+    assert catalog_build().adapters["acme/support-bot"].versions["1"].path == str(cached)
     assert (cached / "adapter_model.safetensors").is_file()
 
     with django_capture_on_commit_callbacks(execute=False):

@@ -1,0 +1,42 @@
+"""The gateway's notes that a monthly budget crossed 80%: billing's inbox, in Redis.
+
+The gateway's limits script (``inference/api/lua/limits/``) pushes one note per crossing onto
+``BUDGET_WARNINGS`` as ``kind|t or k|id|YYYYMM|used|limit``; ``billing.services.
+budget_warnings_flush`` (Celery beat) takes them off and turns each into an audit event.
+Billing owns the key and the format; the gateway only writes to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+from controlplane.redis import redis_sync
+
+BUDGET_WARNINGS = "ip:budget:warnings"
+
+
+@dataclass(frozen=True)
+class BudgetWarning:
+    """A monthly budget crossed 80% (noted by RELEASE as the request that crossed it ended)."""
+
+    kind: str  # "tokens" or "spend" (micro-dollars)
+    scope: str  # "t" tenant or "k" key
+    ident: int  # the tenant's or key's id
+    month: str  # YYYYMM
+    used: int
+    limit: int
+
+
+def budget_warnings_take(max_items: int) -> tuple[list[BudgetWarning], list[bytes]]:
+    """Take up to ``max_items`` noted warnings off Redis: the readable ones, and the raw
+    notes that could not be read (for the caller to log)."""
+    raw_items = cast(list[bytes], redis_sync().lpop(BUDGET_WARNINGS, max_items) or [])
+    warnings, unreadable = [], []
+    for raw in raw_items:
+        try:
+            kind, scope, ident, month, used, limit = raw.decode().split("|")
+            warnings.append(BudgetWarning(kind, scope, int(ident), month, int(used), int(limit)))
+        except ValueError:
+            unreadable.append(raw)
+    return warnings, unreadable
