@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
-from inference.api import pipeline, responses
+from inference.api import pipeline
 from inference.api.auth import KeyInfo, authenticate, bearer_token
 from inference.api.catalog import catalog_view
 from inference.api.errors import ApiError, model_not_found, overloaded
@@ -37,6 +37,26 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_frame(batch: list[dict[str, Any]]) -> bytes:
+    """One batch of chunks as the SSE events of one write."""
+    dumps = orjson.dumps
+    return b"".join([b"data: " + dumps(chunk) + b"\n\n" for chunk in batch])
+
+
+def sse_error(message: str) -> bytes:
+    """The event that ends a stream the engine failed mid-way (then ``[DONE]``)."""
+    error = {
+        "error": {
+            "message": message,
+            "type": "server_error",
+            "param": None,
+            "code": "engine_failed",
+        }
+    }
+    return b"data: " + orjson.dumps(error) + b"\n\n"
 
 
 class GatewayHttpConsumer(AsyncHttpConsumer):
@@ -178,69 +198,35 @@ class CompletionConsumer(GatewayHttpConsumer):
     async def handle_request(self, body: bytes) -> None:
         life = await Lifecycle.begin(key=self.checked_key, raw_body=body, endpoint=self.endpoint)
         async with life:
-            call, relay = life.call, life.relay
             try:
-                await relay.start()
+                await life.start()
             except ApiError as error:
-                await self.send_error(error, call.headers)
+                await self.send_error(error, life.call.headers)
                 return
-            if call.parsed.stream:
-                await self.stream(call, relay)
+            if life.call.parsed.stream:
+                await self.stream(life)
             else:
-                await self.whole(call, relay)
+                await self.whole(life)
 
-    async def stream(self, call: pipeline.Call, relay: pipeline.Relay) -> None:
-        await self.send_headers(status=200, headers=[*SSE_HEADERS, *call.headers])
-        dumps = orjson.dumps
+    async def stream(self, life: Lifecycle) -> None:
+        await self.send_headers(status=200, headers=[*SSE_HEADERS, *life.call.headers])
         try:
-            async for batch in relay:
-                body = b"".join([b"data: " + dumps(chunk) + b"\n\n" for chunk in batch])
-                await self.send_body(body, more_body=True)
+            async for batch in life:
+                await self.send_body(sse_frame(batch), more_body=True)
                 # Neither call above need suspend (the engine's data may be buffered already,
                 # and the socket accepts the write): yield, so a client that left is noticed.
                 await asyncio.sleep(0)
         except pipeline.MidStreamError as exc:
-            error = {
-                "error": {
-                    "message": str(exc),
-                    "type": "server_error",
-                    "param": None,
-                    "code": "engine_failed",
-                }
-            }
-            await self.send_body(b"data: " + dumps(error) + b"\n\n", more_body=True)
-        await self.send_body(b"data: [DONE]\n\n")
+            await self.send_body(sse_error(str(exc)), more_body=True)
+        await self.send_body(SSE_DONE)
 
-    async def whole(self, call: pipeline.Call, relay: pipeline.Relay) -> None:
-        whole = responses.Whole(chat=call.parsed.endpoint == "chat.completions")
+    async def whole(self, life: Lifecycle) -> None:
         try:
-            async for batch in relay:
-                for chunk in batch:
-                    whole.add(chunk)
-        except pipeline.MidStreamError as exc:
-            await self.send_error(
-                ApiError(502, str(exc), type="server_error", code="engine_failed"), call.headers
-            )
+            answer = await life.whole()
+        except ApiError as error:
+            await self.send_error(error, life.call.headers)
             return
-        except responses.ResponseTooLarge as exc:
-            # Stop here: closing the engine's stream (settle) aborts the rest of the work.
-            call.fail("non-streamed response too large")
-            error = ApiError(
-                400,
-                f"The response grew past {exc.args[0]} bytes before it was complete. Ask for "
-                "it with stream=true, or lower max_tokens, n or logprobs.",
-                code="response_too_large",
-            )
-            await self.send_error(error, call.headers)
-            return
-        answer = whole.result(
-            model=call.parsed.model,
-            fallback_id=f"cmpl-{call.rid}",
-            created=int(call.started_at.timestamp()),
-            usage=call.usage(),
-        )
-        body = orjson.dumps(answer)
-        await self.send_response(200, body, headers=[JSON, *call.headers])
+        await self.send_response(200, orjson.dumps(answer), headers=[JSON, *life.call.headers])
 
 
 class ChatCompletionsConsumer(CompletionConsumer):
@@ -462,10 +448,10 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
         key = await authenticate(self.authorization)  # revoked meanwhile: refused from now on
         life = await Lifecycle.begin(key=key, raw_body=orjson.dumps(body), endpoint=endpoint)
         async with life:  # a closed socket (ClientGone) or a cancel: cut off, drained, metered
-            call, relay = life.call, life.relay
-            await relay.start()
+            call = life.call
+            await life.start()
             try:
-                async for batch in relay:
+                async for batch in life:
                     for chunk in batch:
                         await self.send_json({"type": "chunk", "id": rid, "data": chunk})
                     await asyncio.sleep(0)  # let a cancel or a closed socket be noticed
@@ -477,7 +463,7 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
                     "id": rid,
                     "usage": call.usage(),
                     "request_id": call.rid,
-                    "ttft_ms": call.ttft_ms,
+                    "ttft_ms": call.counts.ttft_ms,
                     "duration_ms": int((time.perf_counter() - started) * 1000),
                 }
             )

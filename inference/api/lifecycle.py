@@ -3,26 +3,40 @@ batch leg, a Celery worker): one object that owns it from the checked key to the
 
     life = await Lifecycle.begin(key=key, raw_body=body, endpoint="chat.completions")
     async with life:
-        await life.relay.start()          # route, send; another replica if one fails first
-        async for batch in life.relay:    # the engine's chunks, in OpenAI's shape
+        await life.start()                # route, send; another replica if one fails first
+        async for batch in life:          # the engine's chunks, in OpenAI's shape
             ...                           # the transport writes them
 
 ``begin`` validates, resolves the model, takes the limits and waits for admission
 (``pipeline.prepare``; an ``ApiError`` there leaves nothing held). Leaving the ``async with``,
 however it is left — the answer complete, an error, the client gone (``ClientGone``) or the
-task cancelled — closes the engine's stream (draining it first when the client left, so the
-tokens made are counted), meters the call and frees its slot and limits, shielded from
-cancellation, exactly once. The call's outcome is set only through ``Call.fail`` and
-settled by ``pipeline.finish``.
+task cancelled — closes the engine's stream (draining it first when the client left or a
+filter stopped it, so the tokens made are counted), meters the call and frees its slot and
+limits, shielded from cancellation, exactly once. The call's state moves only through its
+own methods (``pipeline.State``); its outcome and error are set only by ``Call.fail`` and
+``Call.note``, and it is settled by ``pipeline.finish``.
+
+``begin`` also takes the seams of ``inference.api.seams``: an output filter the chunks pass
+through, an input check run beside the upstream request, and a pool to run on instead of
+the model's online one. ``run_whole`` runs one request to its non-streamed answer, for code
+that has no HTTP request (a batch line in a Celery worker).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
 from types import TracebackType
+from typing import Any
 
+from django.db import DatabaseError
+from redis.exceptions import RedisError
+
+from inference.api import responses
 from inference.api.auth import KeyInfo
-from inference.api.pipeline import Call, Relay, finish, prepare
+from inference.api.errors import ApiError, overloaded
+from inference.api.pipeline import Call, MidStreamError, Relay, State, finish, prepare
+from inference.api.seams import InputCheck, OutputFilter, Screened, cut_chunks, input_refused
 
 
 class ClientGone(Exception):
@@ -30,13 +44,146 @@ class ClientGone(Exception):
 
 
 class Lifecycle:
-    def __init__(self, call: Call) -> None:
+    def __init__(
+        self,
+        call: Call,
+        *,
+        output_filter: OutputFilter | None = None,
+        input_check: InputCheck | None = None,
+    ) -> None:
         self.call = call
         self.relay = Relay(call)
+        self.output_filter = output_filter
+        self.input_check = input_check
 
     @classmethod
-    async def begin(cls, *, key: KeyInfo, raw_body: bytes, endpoint: str) -> Lifecycle:
-        return cls(await prepare(key=key, raw_body=raw_body, endpoint=endpoint))
+    async def begin(
+        cls,
+        *,
+        key: KeyInfo,
+        raw_body: bytes,
+        endpoint: str,
+        pool: str | None = None,
+        output_filter: OutputFilter | None = None,
+        input_check: InputCheck | None = None,
+    ) -> Lifecycle:
+        """``pool``: the pool to run on (by name) instead of the model's online pool."""
+        call = await prepare(key=key, raw_body=raw_body, endpoint=endpoint, pool=pool)
+        return cls(call, output_filter=output_filter, input_check=input_check)
+
+    async def start(self) -> None:
+        """Send the request (``Relay.start``) and, with an input check, run it meanwhile:
+        this returns once both are through, so nothing reaches the client unchecked. A
+        refusal raises the 400 the client gets (``seams.input_refused``)."""
+        check = self.input_check
+        if check is None:
+            await self.relay.start()
+            return
+        call = self.call
+        checking = asyncio.ensure_future(check(call.parsed, call.key))
+        starting = asyncio.ensure_future(self.relay.start())
+        refusal: str | None = None
+        try:
+            done, _ = await asyncio.wait((checking, starting), return_when=asyncio.FIRST_COMPLETED)
+            if starting in done:
+                starting.result()  # the engine's failure first: the check is moot
+            refusal = await checking
+            if refusal is None:
+                await starting
+        finally:
+            pending = [task for task in (checking, starting) if not task.done()]
+            for task in pending:
+                task.cancel()  # a refusal closes the engine's request at once
+            await asyncio.gather(*pending, return_exceptions=True)
+        if refusal is not None:
+            if call.state.live:
+                call.fail(refusal, outcome=State.FILTERED)
+            raise input_refused(refusal)
+
+    def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """The answer's batches of chunks; through the output filter if there is one (and
+        straight from the relay, at no cost, if not)."""
+        if self.output_filter is None:
+            return self.relay.__aiter__()
+        return self._screened(self.output_filter)
+
+    async def _screened(self, screen: OutputFilter) -> AsyncGenerator[list[dict[str, Any]]]:
+        call = self.call
+        parsed = call.parsed
+        finished: set[int] = set()
+        head: tuple[str, int] | None = None  # the answer's id and creation time
+        verdict = Screened([])
+        relayed = self.relay.__aiter__()
+        try:
+            async for batch in relayed:
+                if head is None and batch:
+                    head = (str(batch[0].get("id", "")), int(batch[0].get("created", 0)))
+                verdict = await screen.screen(batch)
+                if verdict.release:
+                    _note_finished(verdict.release, finished)
+                    yield verdict.release
+                if verdict.cut is not None:
+                    break
+            else:
+                verdict = await screen.end()
+                if verdict.release:
+                    _note_finished(verdict.release, finished)
+                    yield verdict.release
+        finally:
+            await relayed.aclose()
+        if verdict.cut is None:
+            return
+        call.fail(verdict.cut, outcome=State.FILTERED)
+        rid, created = head or (f"cmpl-{call.rid}", int(call.started_at.timestamp()))
+        chat = parsed.endpoint == "chat.completions"
+        ending = cut_chunks(
+            chat=chat,
+            model=parsed.model,
+            rid=rid,
+            created=created,
+            unfinished=[i for i in range(parsed.sequences) if i not in finished],
+            usage=None,
+            null_usage=parsed.include_usage and chat,
+        )
+        if ending:
+            yield ending  # the client learns of the cut at once
+        await self.relay.stop()  # vLLM aborts; what it made is counted
+        if parsed.include_usage:
+            yield cut_chunks(
+                chat=chat,
+                model=parsed.model,
+                rid=rid,
+                created=created,
+                unfinished=[],
+                usage=call.usage(),
+                null_usage=False,
+            )
+
+    async def whole(self) -> dict[str, Any]:
+        """The non-streamed answer (``responses.Whole``), or the ``ApiError`` to answer."""
+        call = self.call
+        whole = responses.Whole(chat=call.parsed.endpoint == "chat.completions")
+        try:
+            async for batch in self:
+                for chunk in batch:
+                    whole.add(chunk)
+        except MidStreamError as exc:
+            raise ApiError(502, str(exc), type="server_error", code="engine_failed") from exc
+        except responses.ResponseTooLarge as exc:
+            # Stop here: closing the engine's stream (settle) aborts the rest of the work.
+            call.fail("non-streamed response too large")
+            raise ApiError(
+                400,
+                f"The response grew past {exc.args[0]} bytes before it was complete. Ask for "
+                "it with stream=true, or lower max_tokens, n or logprobs.",
+                code="response_too_large",
+            ) from exc
+        return whole.result(
+            model=call.parsed.model,
+            fallback_id=f"cmpl-{call.rid}",
+            created=int(call.started_at.timestamp()),
+            usage=call.usage(),
+        )
 
     async def __aenter__(self) -> Lifecycle:
         return self
@@ -51,7 +198,48 @@ class Lifecycle:
         await asyncio.shield(self._settle(cancelled=gone))
 
     async def _settle(self, *, cancelled: bool) -> None:
-        if cancelled:
+        if cancelled or self.call.state is State.FILTERED:
             await self.relay.drain()
         await self.relay.close()
         await finish(self.call, cancelled=cancelled)
+
+
+def _note_finished(chunks: list[dict[str, Any]], finished: set[int]) -> None:
+    for chunk in chunks:
+        for choice in chunk.get("choices") or ():
+            if choice.get("finish_reason"):
+                finished.add(int(choice.get("index") or 0))
+
+
+async def run_whole(
+    *,
+    key: KeyInfo,
+    raw_body: bytes,
+    endpoint: str,
+    pool: str | None = None,
+    output_filter: OutputFilter | None = None,
+    input_check: InputCheck | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """One request run to completion without an HTTP request (a batch line in a Celery
+    worker: ``async_to_sync(run_whole)(...)``, or many at once in one ``asyncio.run``):
+    the same limits, admission, routing and metering as online, on ``pool`` if given.
+    Returns (200, the non-streamed OpenAI body) — whatever the body's ``stream`` says — or
+    (the status, the OpenAI error body) as the HTTP endpoint would answer them."""
+    try:
+        life = await Lifecycle.begin(
+            key=key,
+            raw_body=raw_body,
+            endpoint=endpoint,
+            pool=pool,
+            output_filter=output_filter,
+            input_check=input_check,
+        )
+        async with life:
+            await life.start()
+            return 200, await life.whole()
+    except ApiError as error:
+        return error.status, error.body()
+    except (RedisError, DatabaseError):
+        # As online: without Redis nothing is served unmetered.
+        busy = overloaded(1, "The service is briefly unavailable. Retry in a moment.")
+        return busy.status, busy.body()

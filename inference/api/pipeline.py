@@ -10,10 +10,11 @@ finish():   meter with the engine's counts, release limits and the admission slo
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -78,60 +79,149 @@ def _transport_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
+class State(enum.Enum):
+    """Where a call is. ``PREPARED`` (limits taken, admitted to a replica) → ``STREAMING``
+    (the engine answered) → ``DONE`` (its ``[DONE]`` came); or, from either live state,
+    ``FAILED`` (the engine or the gateway failed), ``CUT_OFF`` (the client left) or
+    ``FILTERED`` (an output filter or input check stopped it, ``inference.api.seams``). A
+    complete answer can still fail to reach the client whole (``DONE`` → ``FAILED`` | ``FILTERED``).
+    Every ending is then ``SETTLED``: metered and released, once (``finish``)."""
+
+    PREPARED = "prepared"
+    STREAMING = "streaming"
+    DONE = "done"
+    FAILED = "failed"
+    CUT_OFF = "cut_off"
+    FILTERED = "filtered"
+    SETTLED = "settled"
+
+    @property
+    def live(self) -> bool:
+        return self in _LIVE
+
+
+_LIVE = frozenset({State.PREPARED, State.STREAMING})
+_ENDINGS = frozenset({State.FAILED, State.CUT_OFF, State.FILTERED})
+_NEXT: dict[State, frozenset[State]] = {
+    State.PREPARED: frozenset({State.STREAMING, *_ENDINGS}),
+    State.STREAMING: frozenset({State.DONE, *_ENDINGS}),
+    State.DONE: frozenset({State.FAILED, State.FILTERED, State.SETTLED}),
+    State.FAILED: frozenset({State.SETTLED}),
+    State.CUT_OFF: frozenset({State.SETTLED}),
+    State.FILTERED: frozenset({State.SETTLED}),
+    State.SETTLED: frozenset(),
+}
+# The usage ledger's status for each way a call ends (billing.models.UsageRecord.Status).
+LEDGER_STATUS = {
+    State.DONE: "ok",
+    State.FAILED: "error",
+    State.CUT_OFF: "cut_off",
+    State.FILTERED: "content_filter",
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A call was asked to move where its state machine does not go (a bug, not an input)."""
+
+
+@dataclass(slots=True)
+class Route:
+    """Where a call runs: its pool, the replica admission gave it, the one last tried."""
+
+    pool: str
+    replicas: dict[str, Any]  # the pool's replicas, from the catalog: id -> url, state, name
+    replica: str
+    replica_url: str = ""
+    tried: str = ""  # the replica last sent to (the one that failed, if none is left)
+    adapter_replica: str = ""  # the replica counting this request as using the adapter
+    max_loras: int = 1  # adapters one replica of the pool holds at once
+
+
+@dataclass(slots=True)
+class Counts:
+    """The engine's counts so far, summed over the request's sequences, and how much of
+    the output admission has been charged already."""
+
+    prompt: int = 0
+    completion: int = 0
+    cached: int = 0
+    progressed: int = 0
+    ttft_ms: int | None = None
+
+
 @dataclass(slots=True)
 class Call:
     rid: str
     key: KeyInfo
     parsed: ParsedRequest
-    pool: str
+    route: Route
     served_name: str
-    replicas: dict[str, Any]
     grant: limits.Grant
-    replica: str
     body: bytes
     started_at: datetime
     t0: float
     headers: list[tuple[bytes, bytes]]
-    replica_url: str = ""
-    tried: str = ""  # the replica last sent to (the one that failed, if none is left)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    progressed: int = 0
-    ttft_ms: int | None = None
-    done: bool = False
-    status: str = "ok"
+    counts: Counts = field(default_factory=Counts)
+    state: State = State.PREPARED
     error: str = ""
-    finished: bool = field(default=False)
     rates: list[Any] | None = None  # the price in force at the start (catalog row)
     base_model: str = ""  # the model billed: the base model under an adapter
     adapter: Adapter | None = None
-    adapter_replica: str = ""  # the replica counting this request as using the adapter
-    max_loras: int = 1  # adapters one replica of the pool holds at once
 
-    def fail(self, error: str, *, status: str = "error") -> None:
-        """The one place a call's outcome is set: ``error`` (the engine or the gateway
-        failed) or ``cut_off`` (the client left first). ``finish()`` settles a call that
-        ended without either."""
-        self.status, self.error = status, error[:300]
+    def _move(self, to: State) -> None:
+        if to not in _NEXT[self.state]:
+            raise IllegalTransition(f"call {self.rid}: {self.state.name} -> {to.name}")
+        self.state = to
+
+    def streaming(self) -> None:
+        """The engine answered: its first event is in."""
+        self._move(State.STREAMING)
+
+    def end(self) -> None:
+        """The engine's answer is complete (its ``[DONE]``, or the end of its stream)."""
+        self._move(State.DONE)
+
+    def fail(self, error: str, *, outcome: State = State.FAILED) -> None:
+        """The one place a call's outcome other than ``DONE`` is set: ``FAILED`` (the engine
+        or the gateway failed), ``CUT_OFF`` (the client left first) or ``FILTERED``.
+        ``settle()`` decides for a call that ended without any."""
+        if outcome not in _ENDINGS:
+            raise IllegalTransition(f"call {self.rid}: {outcome.name} is not a failure")
+        self._move(outcome)
+        self.error = error[:300]
 
     def note(self, error: str) -> None:
         """What went wrong on the way (a replica that failed before another one answered),
         kept with the record whatever the outcome."""
         self.error = error[:300]
 
+    def settle(self, *, cancelled: bool) -> str | None:
+        """Mark the call settled; its ledger status, or None if it was settled already. A
+        call still live here ended before the engine's ``[DONE]`` with nothing noted: the
+        client left (``cancelled``: a cut-off, billed for what was made), or the transport
+        stopped reading for its own reason (an error)."""
+        if self.state is State.SETTLED:
+            return None
+        if self.state.live:
+            self.fail(self.error, outcome=State.CUT_OFF if cancelled else State.FAILED)
+        status = LEDGER_STATUS[self.state]
+        self._move(State.SETTLED)
+        return status
+
     @property
     def replica_name(self) -> str:
         """The replica as tenants and the ledger know it (never its internal address)."""
-        replica = self.replica or self.tried
-        return str(self.replicas.get(replica, {}).get("name") or f"replica {replica}")
+        route = self.route
+        replica = route.replica or route.tried
+        return str(route.replicas.get(replica, {}).get("name") or f"replica {replica}")
 
     def usage(self) -> dict[str, Any]:
+        counts = self.counts
         return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "prompt_tokens": counts.prompt,
+            "completion_tokens": counts.completion,
+            "total_tokens": counts.prompt + counts.completion,
+            "prompt_tokens_details": {"cached_tokens": counts.cached},
         }
 
 
@@ -145,10 +235,11 @@ class Adapter:
 
 
 def _resolve(
-    catalog: dict[str, Any], name: str, key: KeyInfo
+    catalog: dict[str, Any], name: str, key: KeyInfo, pool: str | None = None
 ) -> tuple[str, str, dict[str, Any], Adapter | None]:
     """(pool, base model name, base model, adapter) for the ``model`` a request names. Another
-    tenant's adapter is as unknown as one that does not exist."""
+    tenant's adapter is as unknown as one that does not exist. ``pool`` names the pool to
+    run on instead of the model's online one (a batch line on a spot pool)."""
     adapter = None
     base_name = name
     if "/" in name:
@@ -178,6 +269,13 @@ def _resolve(
     model = catalog["models"].get(base_name)
     if model is None or not (model["is_public"] or key.tenant_id in model["allowed_tenants"]):
         raise model_not_found(name)
+    if pool is not None:
+        found = catalog["pools"].get(pool)
+        if found is None or found["model"] != base_name:
+            raise ApiError(
+                503, f"Pool `{pool}` does not serve `{name}`.", type="server_error", code="no_pool"
+            )
+        return pool, base_name, model, adapter
     pool_name = model["online_pool"]
     if pool_name is None:
         raise ApiError(
@@ -186,16 +284,17 @@ def _resolve(
     return pool_name, base_name, model, adapter
 
 
-async def prepare(*, key: KeyInfo, raw_body: bytes, endpoint: str) -> Call:
-    """Everything before the engine, for a request whose key was authenticated."""
+async def prepare(*, key: KeyInfo, raw_body: bytes, endpoint: str, pool: str | None = None) -> Call:
+    """Everything before the engine, for a request whose key was authenticated; on the
+    model's online pool, or on ``pool`` (by name) when given."""
     t0 = time.perf_counter()
     started_at = datetime.now(UTC)
     parsed = parse_request(raw_body, endpoint)
     view = catalog_view()
     catalog = await view.get()
-    pool_name, base_name, model, adapter = _resolve(catalog, parsed.model, key)
-    pool = catalog["pools"][pool_name]
-    _check_fits(parsed, pool["max_inflight"])
+    pool_name, base_name, model, adapter = _resolve(catalog, parsed.model, key, pool)
+    pool_info = catalog["pools"][pool_name]
+    _check_fits(parsed, pool_info["max_inflight"])
     check_content_parts(
         parsed,
         images=model.get("accepts_images", False),
@@ -220,26 +319,29 @@ async def prepare(*, key: KeyInfo, raw_body: bytes, endpoint: str) -> Call:
         ),
     )
     try:
-        replica = await _admit(view, pool_name, pool, rid, key, parsed, grant, adapter)
+        replica = await _admit(view, pool_name, pool_info, rid, key, parsed, grant, adapter)
     except BaseException:
         await asyncio.shield(_release_quietly(grant))
         raise
-    if replica not in pool["replicas"]:  # a replica newer than our copy of the catalog
+    if replica not in pool_info["replicas"]:  # a replica newer than our copy of the catalog
         try:
             await view.refresh()
         except BaseException:  # the slot is ours already: give it back with the limits
             await asyncio.shield(_give_back(pool_name, rid, grant))
             raise
-        pool = (view.data or catalog)["pools"].get(pool_name, pool)
+        pool_info = (view.data or catalog)["pools"].get(pool_name, pool_info)
     return Call(
         rid=rid,
         key=key,
         parsed=parsed,
-        pool=pool_name,
+        route=Route(
+            pool=pool_name,
+            replicas=pool_info["replicas"],
+            replica=replica,
+            max_loras=pool_info.get("max_loras", 1),
+        ),
         served_name=adapter.engine_name if adapter else model["served_name"],
-        replicas=pool["replicas"],
         grant=grant,
-        replica=replica,
         body=upstream_body(
             parsed,
             served_name=adapter.engine_name if adapter else model["served_name"],
@@ -251,7 +353,6 @@ async def prepare(*, key: KeyInfo, raw_body: bytes, endpoint: str) -> Call:
         rates=rates,
         base_model=base_name,
         adapter=adapter,
-        max_loras=pool.get("max_loras", 1),
     )
 
 
@@ -326,7 +427,8 @@ class Relay:
         self.call = call
         self.response: aiohttp.ClientResponse | None = None
         self.batches: AsyncIterator[list[bytes]] | None = None
-        self.first: list[bytes] | None = None
+        self.first: list[bytes] | None = None  # the engine's first event, until it is relayed
+        self.read_to_end = False  # the engine's stream was read to its end ([DONE])
         self.last_progress = 0.0
         self.failures = 0
         self.completion_by_choice: dict[int, int] = {}
@@ -346,8 +448,10 @@ class Relay:
         first_byte = settings.INFERPLANE_ENGINE_FIRST_BYTE_TIMEOUT_SECONDS
         loop = asyncio.get_running_loop()
         for _attempt in range(MAX_ATTEMPTS):
-            call.tried = call.replica
-            call.replica_url = url = call.replicas.get(call.replica, {}).get("url", "")
+            call.route.tried = call.route.replica
+            call.route.replica_url = url = call.route.replicas.get(call.route.replica, {}).get(
+                "url", ""
+            )
             try:
                 if call.adapter is not None:
                     await self._adapter_onto_replica(call.adapter)
@@ -391,7 +495,7 @@ class Relay:
                 if response.status in (401, 403):
                     # Our key, not the client's: the replica is misconfigured (its
                     # VLLM_API_KEY is not INFERPLANE_ENGINE_API_KEY). Never a 401 to them.
-                    log.error("replica %s refuses the engine API key", call.replica_url)
+                    log.error("replica %s refuses the engine API key", call.route.replica_url)
                     await self._failover(f"HTTP {response.status}: the engine refused our key")
                     continue
                 if response.status >= 500 or response.status == 404:
@@ -412,7 +516,8 @@ class Relay:
                     await self._failover(f"no answer: {_transport_reason(exc)}")
                 continue
             self.first = first
-            call.ttft_ms = int((time.perf_counter() - call.t0) * 1000)
+            call.streaming()
+            call.counts.ttft_ms = int((time.perf_counter() - call.t0) * 1000)
             self.last_progress = time.monotonic()
             return
         call.fail("no replica answered")
@@ -422,22 +527,26 @@ class Relay:
         """Make sure the chosen replica holds the request's adapter (loading it if not), and
         count the request as using it there, so that it is not evicted meanwhile."""
         call = self.call
-        pool = call.pool
+        pool = call.route.pool
         try:
             held = False
-            if call.adapter_replica != call.replica:
-                if call.adapter_replica:
-                    await lora.unuse(pool, call.adapter_replica, adapter.engine_name, call.rid)
-                call.adapter_replica = call.replica  # before: finish() unmarks it whatever
-                held = await lora.use(pool, call.replica, adapter.engine_name, call.rid)
+            if call.route.adapter_replica != call.route.replica:
+                if call.route.adapter_replica:
+                    await lora.unuse(
+                        pool, call.route.adapter_replica, adapter.engine_name, call.rid
+                    )
+                call.route.adapter_replica = (
+                    call.route.replica
+                )  # before: finish() unmarks it whatever
+                held = await lora.use(pool, call.route.replica, adapter.engine_name, call.rid)
             if not held:
                 await lora.load(
                     pool=pool,
-                    replica=call.replica,
-                    url=call.replica_url,
+                    replica=call.route.replica,
+                    url=call.route.replica_url,
                     name=adapter.engine_name,
                     path=adapter.path,
-                    capacity=call.max_loras,
+                    capacity=call.route.max_loras,
                 )
         except RedisError:
             log.warning("adapter bookkeeping unavailable", exc_info=True)
@@ -449,7 +558,7 @@ class Relay:
 
     async def _forget_adapter(self, adapter: Adapter) -> None:
         try:
-            await lora.forget(self.call.pool, self.call.replica, adapter.engine_name)
+            await lora.forget(self.call.route.pool, self.call.route.replica, adapter.engine_name)
         except RedisError:
             log.warning("could not forget adapter %s", adapter.engine_name, exc_info=True)
 
@@ -457,24 +566,28 @@ class Relay:
         """Move to another replica (the failed one leaves the rotation until a probe brings
         it back); when it is the pool's only replica, pause and try it again."""
         call = self.call
-        log.warning("replica %s failed before answering (%s); rerouting", call.replica_url, reason)
+        log.warning(
+            "replica %s failed before answering (%s); rerouting", call.route.replica_url, reason
+        )
         call.note(f"{call.replica_name}: {reason}")
         self.failures += 1
         try:
-            replica = await admission().reroute(pool=call.pool, rid=call.rid, failed=call.replica)
+            replica = await admission().reroute(
+                pool=call.route.pool, rid=call.rid, failed=call.route.replica
+            )
         except RedisError:
             replica = ""
         if not replica:
             call.fail(call.error)
-            call.replica = ""
+            call.route.replica = ""
             raise overloaded(2, "No replica could serve the request. Retry shortly.")
-        if replica == call.replica:
+        if replica == call.route.replica:
             await asyncio.sleep(RETRY_PAUSE_SECONDS * self.failures)
-        call.replica = replica
+        call.route.replica = replica
 
-    async def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]:
+    async def __aiter__(self) -> AsyncGenerator[list[dict[str, Any]]]:
         if self.batches is None or self.first is None:
-            raise RuntimeError("Relay.start() must succeed before iterating")
+            raise RuntimeError("Relay.start() must succeed before iterating (once)")
         call = self.call
         include_usage = call.parsed.include_usage
         # Chat chunks carry "usage": null until the last one (OpenAI's chat chunk schema);
@@ -483,14 +596,15 @@ class Relay:
         chat = call.parsed.endpoint == "chat.completions"
         null_usage = include_usage and chat
         model = call.parsed.model
-        batch = self.first
+        batch, self.first = self.first, None
         stall = settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS
         try:
             while True:
                 out = []
                 for data in batch:
                     if data == b"[DONE]":
-                        call.done = True
+                        self.read_to_end = True
+                        call.end()
                         break
                     chunk = orjson.loads(data)
                     if "choices" not in chunk and "error" in chunk:
@@ -506,15 +620,16 @@ class Relay:
                         out.append(chunk)
                 if out:
                     yield out
-                if call.done:
+                if self.read_to_end:
                     return
                 if time.monotonic() - self.last_progress >= PROGRESS_SECONDS:
                     await self._progress()
                 try:
                     async with asyncio.timeout(stall):
                         batch = await anext(self.batches)
-                except StopAsyncIteration:
-                    call.done = True  # ended without [DONE]; vLLM always sends it
+                except StopAsyncIteration:  # ended without [DONE]; vLLM always sends it
+                    self.read_to_end = True
+                    call.end()
                     return
                 except TimeoutError:
                     raise Stalled(f"the engine sent nothing for {stall} s") from None
@@ -539,79 +654,92 @@ class Relay:
             self.completion_by_choice[index] = usage.get("completion_tokens") or 0
             n = max(1, call.parsed.sequences // call.parsed.prompts)
             self.prompt_by_prompt[index // n] = usage.get("prompt_tokens") or 0
-            call.prompt_tokens = sum(self.prompt_by_prompt.values())
-            call.completion_tokens = sum(self.completion_by_choice.values())
+            call.counts.prompt = sum(self.prompt_by_prompt.values())
+            call.counts.completion = sum(self.completion_by_choice.values())
         else:
-            call.prompt_tokens = usage.get("prompt_tokens") or 0
-            call.completion_tokens = usage.get("completion_tokens") or 0
+            call.counts.prompt = usage.get("prompt_tokens") or 0
+            call.counts.completion = usage.get("completion_tokens") or 0
         details = usage.get("prompt_tokens_details") or {}
         if details:
-            call.cached_tokens = details.get("cached_tokens") or 0
+            call.counts.cached = details.get("cached_tokens") or 0
 
     async def _suspect(self) -> None:
         """The replica went silent mid-stream: out of rotation until a probe vouches for it."""
         try:
-            await admission().suspect(pool=self.call.pool, replica=self.call.replica)
+            await admission().suspect(pool=self.call.route.pool, replica=self.call.route.replica)
         except RedisError:
-            log.warning("could not take replica %s out of rotation", self.call.replica)
+            log.warning("could not take replica %s out of rotation", self.call.route.replica)
 
     async def drain(
         self, *, idle: float = DRAIN_IDLE_SECONDS, cap: float = DRAIN_CAP_SECONDS
     ) -> None:
-        """After the client left: take in what the engine already produced, then stop.
+        """After the client left (or a filter stopped the answer): take in what the engine
+        already produced, then stop.
 
         The engine can run ahead of its own HTTP stream (outputs wait in its queue, merged),
         so tokens it generated may not have reached us yet. Reading while data keeps coming
         without a pause (up to ``cap``) puts them in the ledger; the first pause of ``idle``
         means we are level with generation, and closing then aborts it at once.
         """
-        if self.batches is None or self.first is None or self.call.done:
+        if self.batches is None or self.read_to_end:
             return
+        if self.first is not None:  # never relayed: its counts are the engine's too
+            batch, self.first = self.first, None
+            if self._count_raw(batch):
+                return
         deadline = time.perf_counter() + cap
         try:
             while (remaining := deadline - time.perf_counter()) > 0:
                 batch = await asyncio.wait_for(anext(self.batches), timeout=min(idle, remaining))
-                for data in batch:
-                    if data == b"[DONE]":
-                        return
-                    chunk = orjson.loads(data)
-                    self._count(chunk.get("usage"), chunk.get("choices"))
+                if self._count_raw(batch):
+                    return
         except (TimeoutError, StopAsyncIteration, *TRANSPORT_ERRORS, orjson.JSONDecodeError):
             return
+
+    def _count_raw(self, batch: list[bytes]) -> bool:
+        """Count a batch nobody will see; True at the engine's ``[DONE]``."""
+        for data in batch:
+            if data == b"[DONE]":
+                return True
+            chunk = orjson.loads(data)
+            self._count(chunk.get("usage"), chunk.get("choices"))
+        return False
 
     async def _progress(self) -> None:
         call = self.call
         self.last_progress = time.monotonic()
-        delta = call.completion_tokens - call.progressed
+        delta = call.counts.completion - call.counts.progressed
         if delta <= 0:
             return
         try:
-            await admission().progress(pool=call.pool, rid=call.rid, completion_tokens=delta)
-            call.progressed = call.completion_tokens
+            await admission().progress(pool=call.route.pool, rid=call.rid, completion_tokens=delta)
+            call.counts.progressed = call.counts.completion
         except RedisError:
             log.warning("could not charge progress of %s", call.rid)
 
     async def close(self) -> None:
         if self.response is not None:
-            if self.call.done:
+            if self.read_to_end:
                 self.response.release()  # read to the end: the connection is reused
             else:
                 # Closing mid-body drops the connection: vLLM aborts the sequence at once.
                 self.response.close()
+            self.response = self.batches = None
+
+    async def stop(self) -> None:
+        """Stop the engine now (a filter cut the answer): drain what it made, then close."""
+        await self.drain()
+        await self.close()
 
 
 async def finish(call: Call, *, cancelled: bool = False) -> None:
     """Meter the call and release everything it held. Runs once, shielded from cancellation."""
-    if call.finished:
+    status = call.settle(cancelled=cancelled)
+    if status is None:
         return
-    call.finished = True
-    if call.status == "ok" and not call.done:
-        # Ended before the engine's [DONE] with no failure noted: the client left (a cut-off,
-        # billed for what was made), or the transport stopped reading for its own reason.
-        call.fail(call.error, status="cut_off" if cancelled else "error")
     parsed = call.parsed
-    adjustment = W_IN * (call.prompt_tokens - parsed.prompt_estimate) + W_OUT * (
-        call.completion_tokens - call.progressed
+    adjustment = W_IN * (call.counts.prompt - parsed.prompt_estimate) + W_OUT * (
+        call.counts.completion - call.counts.progressed
     )
     finished_at = datetime.now(UTC)
     record = {
@@ -622,29 +750,35 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         "adapter": call.adapter.label if call.adapter else "",
         "endpoint": parsed.endpoint,
         "mode": "online",
-        "status": call.status,
-        "prompt_tokens": call.prompt_tokens,
-        "completion_tokens": call.completion_tokens,
-        "cached_tokens": call.cached_tokens,
-        "pool": call.pool,
-        "replica": call.replica_name if call.replica_url else "",
-        "ttft_ms": call.ttft_ms,
+        "status": status,
+        "prompt_tokens": call.counts.prompt,
+        "completion_tokens": call.counts.completion,
+        "cached_tokens": call.counts.cached,
+        "pool": call.route.pool,
+        "replica": call.replica_name if call.route.replica_url else "",
+        "ttft_ms": call.counts.ttft_ms,
         "duration_ms": int((time.perf_counter() - call.t0) * 1000),
         "error": call.error,
         "started_at": call.started_at.isoformat(),
         "finished_at": finished_at.isoformat(),
     }
-    tokens = call.prompt_tokens + call.completion_tokens
+    tokens = call.counts.prompt + call.counts.completion
     cost = _cost(call)
     try:
         # Slot, limits and ledger in one round trip (a Redis that lost the scripts gets them
         # loaded and only the scripts that failed run again: see inference.api.lua.Batch).
         pipe = Batch()
-        if call.replica:
-            admission().complete_into(pipe, pool=call.pool, rid=call.rid, adjustment=adjustment)
-        if call.adapter is not None and call.adapter_replica:
+        if call.route.replica:
+            admission().complete_into(
+                pipe, pool=call.route.pool, rid=call.rid, adjustment=adjustment
+            )
+        if call.adapter is not None and call.route.adapter_replica:
             lora.unuse_into(
-                pipe, call.pool, call.adapter_replica, call.adapter.engine_name, call.rid
+                pipe,
+                call.route.pool,
+                call.route.adapter_replica,
+                call.adapter.engine_name,
+                call.rid,
             )
         call.grant.release_into(pipe, tokens, cost)
         metering.spool_into(pipe, record)
@@ -677,7 +811,7 @@ def _price(
 def _cost(call: Call) -> int:
     return _price(
         call.rates,
-        prompt_tokens=call.prompt_tokens,
-        completion_tokens=call.completion_tokens,
-        cached_tokens=call.cached_tokens,
+        prompt_tokens=call.counts.prompt,
+        completion_tokens=call.counts.completion,
+        cached_tokens=call.counts.cached,
     )
