@@ -100,7 +100,7 @@ class CatalogAdapter(msgspec.Struct, frozen=True):
 
 
 @dataclass(frozen=True, slots=True)
-class Callable:
+class Servable:
     """A name a tenant may send as ``model``: a base model, or one of its adapters on one."""
 
     name: str
@@ -118,7 +118,7 @@ class Catalog(msgspec.Struct, frozen=True):
     pools: dict[str, CatalogPool]
     adapters: dict[str, CatalogAdapter] = {}
 
-    def callable(self, name: str, tenant_id: int, *, kind: str = "online") -> Callable | None:
+    def callable(self, name: str, tenant_id: int, *, kind: str = "online") -> Servable | None:
         """Whether the tenant may send ``name`` as ``model``, and what it then calls: a base
         model open to it (public, or allowed to it), or its own adapter on one —
         ``<slug>/<name>`` for the newest version, ``<slug>/<name>:<version>`` for one.
@@ -140,11 +140,11 @@ class Catalog(msgspec.Struct, frozen=True):
             return None
         pool = model.online_pool if kind == "online" else model.batch_pool
         if entry is None:
-            return Callable(name, model.created, "inferplane", base, model, pool)
+            return Servable(name, model.created, "inferplane", base, model, pool)
         owner = name.partition("/")[0]
-        return Callable(name, entry.created, owner, base, model, pool, adapter)
+        return Servable(name, entry.created, owner, base, model, pool, adapter)
 
-    def callable_by(self, tenant_id: int, *, kind: str = "online") -> dict[str, Callable]:
+    def callable_by(self, tenant_id: int, *, kind: str = "online") -> dict[str, Servable]:
         """Every name the tenant can call right now (a pool of that kind serves it): the base
         models, then its adapters (for each, the newest by its address, then each version)."""
         names = list(self.models)

@@ -186,7 +186,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # The gateway spools usage records in Redis; this moves them into the ledger.
     "flush-usage-spool": {
         "task": "billing.tasks.usage_spool_flush_task",
-        "schedule": 1.0,
+        "schedule": float(env_int("INFERPLANE_USAGE_FLUSH_SECONDS", 1, minimum=1)),
         "options": {"expires": 5},
     },
     # "80% of a monthly budget used" notices from the gateway, into the audit log.

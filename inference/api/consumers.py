@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
+from contract import Servable
 from inference.api import pipeline
 from inference.api.auth import KeyInfo, authenticate, bearer_token
 from inference.api.catalog import catalog_view
@@ -237,30 +238,13 @@ class CompletionsConsumer(CompletionConsumer):
     endpoint = "completions"
 
 
-def _model_object(name: str, model: dict[str, Any]) -> dict[str, Any]:
-    owner = model.get("owned_by", "inferplane")
-    return {"id": name, "object": "model", "created": model["created"], "owned_by": owner}
-
-
-def _visible(catalog: dict[str, Any], tenant_id: int) -> dict[str, dict[str, Any]]:
-    """The models a tenant can call: public or allowed base models with an online pool, and
-    its own adapters on them (``<slug>/<name>`` for the newest version, and each version)."""
-    models = {
-        name: model
-        for name, model in catalog["models"].items()
-        if (model["is_public"] or tenant_id in model["allowed_tenants"]) and model["online_pool"]
+def _model_object(found: Servable) -> dict[str, Any]:
+    return {
+        "id": found.name,
+        "object": "model",
+        "created": found.created,
+        "owned_by": found.owned_by,
     }
-    for address, adapter in catalog.get("adapters", {}).items():
-        if adapter["tenant"] != tenant_id:
-            continue
-        for version, found in adapter["versions"].items():
-            if found["model"] not in models:
-                continue
-            card = {"created": adapter["created"], "owned_by": address.partition("/")[0]}
-            if int(version) == adapter["latest"]:
-                models[address] = card
-            models[f"{address}:{version}"] = card
-    return models
 
 
 class ModelsConsumer(GatewayHttpConsumer):
@@ -270,15 +254,15 @@ class ModelsConsumer(GatewayHttpConsumer):
         return 0  # a GET carries no body
 
     async def handle_request(self, body: bytes) -> None:
-        models = _visible(await catalog_view().get(), self.checked_key.tenant_id)
+        models = (await catalog_view().get()).callable_by(self.checked_key.tenant_id)
         name = self.scope["url_route"]["kwargs"].get("model")
         if name is None:
             data: dict[str, Any] = {
                 "object": "list",
-                "data": [_model_object(n, m) for n, m in models.items()],
+                "data": [_model_object(found) for found in models.values()],
             }
         elif name in models:
-            data = _model_object(name, models[name])
+            data = _model_object(models[name])
         else:
             raise model_not_found(name)
         await self.send_response(200, orjson.dumps(data), headers=[JSON])

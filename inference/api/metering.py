@@ -8,26 +8,24 @@ When Redis itself cannot take the record, it goes straight to Postgres.
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-import orjson
 
 from billing.services import usage_records_insert
 from billing.spool import FIELD, USAGE_STREAM
+from contract import UsageRecord, encode
 from inference.api.db import run_db
 from inference.api.lua import Batch
 
 log = logging.getLogger(__name__)
 
 
-def spool_into(pipe: Batch, record: dict[str, Any]) -> None:
+def spool_into(pipe: Batch, record: UsageRecord) -> None:
     """Queue the record on a pipeline that also carries the request's other end-of-life work."""
-    pipe.xadd(USAGE_STREAM, {FIELD: orjson.dumps(record)})
+    pipe.xadd(USAGE_STREAM, {FIELD: encode(record)})
 
 
-async def store_directly(record: dict[str, Any]) -> None:
+async def store_directly(record: UsageRecord) -> None:
     """Redis cannot take the record: straight to Postgres (or, failing that, the log)."""
-    data = orjson.dumps(record)
+    data = encode(record)
     try:
         await run_db(usage_records_insert, [record])
     except Exception:

@@ -17,7 +17,6 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any
 
 import aiohttp
@@ -25,7 +24,16 @@ import orjson
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from billing.pricing import cost_micros, rates_in_force
+from billing.pricing import cost_micros
+from contract import (
+    Catalog,
+    CatalogPool,
+    CatalogReplica,
+    PriceRow,
+    Servable,
+    UsageRecord,
+    price_in_force,
+)
 from inference.api import limits, lora, metering
 from inference.api.admission import W_IN, W_OUT, CatalogMissing, admission
 from inference.api.auth import KeyInfo
@@ -129,7 +137,7 @@ class Route:
     """Where a call runs: its pool, the replica admission gave it, the one last tried."""
 
     pool: str
-    replicas: dict[str, Any]  # the pool's replicas, from the catalog: id -> url, state, name
+    replicas: dict[str, CatalogReplica]  # the pool's replicas, from the catalog, by id
     replica: str
     replica_url: str = ""
     tried: str = ""  # the replica last sent to (the one that failed, if none is left)
@@ -164,7 +172,7 @@ class Call:
     counts: Counts = field(default_factory=Counts)
     state: State = State.PREPARED
     error: str = ""
-    rates: list[Any] | None = None  # the price in force at the start (catalog row)
+    rates: PriceRow | None = None  # the price in force at the start
     base_model: str = ""  # the model billed: the base model under an adapter
     adapter: Adapter | None = None
 
@@ -213,7 +221,8 @@ class Call:
         """The replica as tenants and the ledger know it (never its internal address)."""
         route = self.route
         replica = route.replica or route.tried
-        return str(route.replicas.get(replica, {}).get("name") or f"replica {replica}")
+        known = route.replicas.get(replica)
+        return known.name if known is not None and known.name else f"replica {replica}"
 
     def usage(self) -> dict[str, Any]:
         counts = self.counts
@@ -235,24 +244,17 @@ class Adapter:
 
 
 def _resolve(
-    catalog: dict[str, Any], name: str, key: KeyInfo, pool: str | None = None
-) -> tuple[str, str, dict[str, Any], Adapter | None]:
-    """(pool, base model name, base model, adapter) for the ``model`` a request names. Another
-    tenant's adapter is as unknown as one that does not exist. ``pool`` names the pool to
-    run on instead of the model's online one (a batch line on a spot pool)."""
+    catalog: Catalog, name: str, key: KeyInfo, pool: str | None = None
+) -> tuple[str, Servable, Adapter | None]:
+    """(pool, what the tenant calls, adapter) for the ``model`` a request names
+    (``Catalog.callable`` decides what a tenant may call). ``pool`` names the pool to run on
+    instead of the model's online one (a batch line on a spot pool)."""
+    found = catalog.callable(name, key.tenant_id)
+    if found is None:
+        raise model_not_found(name)
     adapter = None
-    base_name = name
-    if "/" in name:
-        address, _, version = name.partition(":")
-        entry = catalog.get("adapters", {}).get(address)
-        if entry is None or entry["tenant"] != key.tenant_id:
-            raise model_not_found(name)
-        if name.endswith(":"):
-            raise model_not_found(name)
-        found = entry["versions"].get(version or str(entry["latest"]))
-        if found is None:
-            raise model_not_found(name)
-        if not found["path"]:
+    if found.adapter is not None:
+        if not found.adapter.path:
             raise ApiError(
                 503,
                 f"`{name}` cannot be loaded onto the engines: adapter storage has no "
@@ -260,28 +262,24 @@ def _resolve(
                 type="server_error",
                 code="adapter_unavailable",
             )
-        base_name = found["model"]
+        engine_name = found.adapter.engine_name
         adapter = Adapter(
-            engine_name=found["engine_name"],
-            label=found["engine_name"].rpartition("/")[2],
-            path=found["path"],
+            engine_name=engine_name,
+            label=engine_name.rpartition("/")[2],
+            path=found.adapter.path,
         )
-    model = catalog["models"].get(base_name)
-    if model is None or not (model["is_public"] or key.tenant_id in model["allowed_tenants"]):
-        raise model_not_found(name)
     if pool is not None:
-        found = catalog["pools"].get(pool)
-        if found is None or found["model"] != base_name:
+        given = catalog.pools.get(pool)
+        if given is None or given.model != found.base:
             raise ApiError(
                 503, f"Pool `{pool}` does not serve `{name}`.", type="server_error", code="no_pool"
             )
-        return pool, base_name, model, adapter
-    pool_name = model["online_pool"]
-    if pool_name is None:
+        return pool, found, adapter
+    if found.pool is None:
         raise ApiError(
             503, f"No online pool serves `{name}` right now.", type="server_error", code="no_pool"
         )
-    return pool_name, base_name, model, adapter
+    return found.pool, found, adapter
 
 
 async def prepare(*, key: KeyInfo, raw_body: bytes, endpoint: str, pool: str | None = None) -> Call:
@@ -292,23 +290,24 @@ async def prepare(*, key: KeyInfo, raw_body: bytes, endpoint: str, pool: str | N
     parsed = parse_request(raw_body, endpoint)
     view = catalog_view()
     catalog = await view.get()
-    pool_name, base_name, model, adapter = _resolve(catalog, parsed.model, key, pool)
-    pool_info = catalog["pools"][pool_name]
-    _check_fits(parsed, pool_info["max_inflight"])
+    pool_name, found, adapter = _resolve(catalog, parsed.model, key, pool)
+    model = found.model
+    pool_info = catalog.pools[pool_name]
+    _check_fits(parsed, pool_info.max_inflight)
     check_content_parts(
         parsed,
-        images=model.get("accepts_images", False),
-        audio=model.get("accepts_audio", False),
+        images=model.accepts_images,
+        audio=model.accepts_audio,
         url_domains=settings.INFERPLANE_MEDIA_URL_DOMAINS,
     )
     max_tokens = check_max_tokens(
         parsed,
-        context_length=model["context_length"],
+        context_length=model.context_length,
         tenant_cap=key.limit("max_tokens_per_request"),
     )
     rid = uuid.uuid4().hex
     completion_estimate = parsed.sequences * (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
-    rates = rates_in_force(model.get("prices"), tenant_id=key.tenant_id, at=started_at.timestamp())
+    rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=started_at.timestamp())
     grant = await limits.acquire(
         key,
         rid=rid,
@@ -323,35 +322,35 @@ async def prepare(*, key: KeyInfo, raw_body: bytes, endpoint: str, pool: str | N
     except BaseException:
         await asyncio.shield(_release_quietly(grant))
         raise
-    if replica not in pool_info["replicas"]:  # a replica newer than our copy of the catalog
+    if replica not in pool_info.replicas:  # a replica newer than our copy of the catalog
         try:
             await view.refresh()
         except BaseException:  # the slot is ours already: give it back with the limits
             await asyncio.shield(_give_back(pool_name, rid, grant))
             raise
-        pool_info = (view.data or catalog)["pools"].get(pool_name, pool_info)
+        pool_info = (view.data or catalog).pools.get(pool_name, pool_info)
     return Call(
         rid=rid,
         key=key,
         parsed=parsed,
         route=Route(
             pool=pool_name,
-            replicas=pool_info["replicas"],
+            replicas=pool_info.replicas,
             replica=replica,
-            max_loras=pool_info.get("max_loras", 1),
+            max_loras=pool_info.max_loras,
         ),
-        served_name=adapter.engine_name if adapter else model["served_name"],
+        served_name=adapter.engine_name if adapter else model.served_name,
         grant=grant,
         body=upstream_body(
             parsed,
-            served_name=adapter.engine_name if adapter else model["served_name"],
+            served_name=adapter.engine_name if adapter else model.served_name,
             max_tokens=max_tokens,
         ),
         started_at=started_at,
         t0=t0,
         headers=[(b"x-request-id", rid.encode()), *grant.headers],
         rates=rates,
-        base_model=base_name,
+        base_model=found.base,
         adapter=adapter,
     )
 
@@ -372,7 +371,7 @@ def _check_fits(parsed: ParsedRequest, capacity: int) -> None:
 async def _admit(
     view: Any,
     pool_name: str,
-    pool: dict[str, Any],
+    pool: CatalogPool,
     rid: str,
     key: KeyInfo,
     parsed: ParsedRequest,
@@ -388,7 +387,7 @@ async def _admit(
                 weight=key.weight,
                 prompt_estimate=parsed.prompt_estimate,
                 prefix=parsed.prefix_hash,
-                wait_seconds=pool["max_queue_wait_seconds"],
+                wait_seconds=pool.max_queue_wait_seconds,
                 limit_keys=grant.conc_keys,
                 limit_member=grant.member,
                 adapter=adapter.engine_name if adapter else "",
@@ -449,9 +448,8 @@ class Relay:
         loop = asyncio.get_running_loop()
         for _attempt in range(MAX_ATTEMPTS):
             call.route.tried = call.route.replica
-            call.route.replica_url = url = call.route.replicas.get(call.route.replica, {}).get(
-                "url", ""
-            )
+            known = call.route.replicas.get(call.route.replica)
+            call.route.replica_url = url = known.url if known is not None else ""
             try:
                 if call.adapter is not None:
                     await self._adapter_onto_replica(call.adapter)
@@ -742,26 +740,26 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         call.counts.completion - call.counts.progressed
     )
     finished_at = datetime.now(UTC)
-    record = {
-        "request_id": call.rid,
-        "tenant_id": call.key.tenant_id,
-        "api_key_id": call.key.key_id,
-        "model": call.base_model or parsed.model,
-        "adapter": call.adapter.label if call.adapter else "",
-        "endpoint": parsed.endpoint,
-        "mode": "online",
-        "status": status,
-        "prompt_tokens": call.counts.prompt,
-        "completion_tokens": call.counts.completion,
-        "cached_tokens": call.counts.cached,
-        "pool": call.route.pool,
-        "replica": call.replica_name if call.route.replica_url else "",
-        "ttft_ms": call.counts.ttft_ms,
-        "duration_ms": int((time.perf_counter() - call.t0) * 1000),
-        "error": call.error,
-        "started_at": call.started_at.isoformat(),
-        "finished_at": finished_at.isoformat(),
-    }
+    record = UsageRecord(
+        request_id=call.rid,
+        tenant_id=call.key.tenant_id,
+        api_key_id=call.key.key_id,
+        model=call.base_model or parsed.model,
+        adapter=call.adapter.label if call.adapter else "",
+        endpoint=parsed.endpoint,
+        mode="online",
+        status=status,
+        prompt_tokens=call.counts.prompt,
+        completion_tokens=call.counts.completion,
+        cached_tokens=call.counts.cached,
+        pool=call.route.pool,
+        replica=call.replica_name if call.route.replica_url else "",
+        ttft_ms=call.counts.ttft_ms,
+        duration_ms=int((time.perf_counter() - call.t0) * 1000),
+        error=call.error,
+        started_at=call.started_at,
+        finished_at=finished_at,
+    )
     tokens = call.counts.prompt + call.counts.completion
     cost = _cost(call)
     try:
@@ -789,18 +787,17 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
 
 
 def _price(
-    rates: list[Any] | None, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    rates: PriceRow | None, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
 ) -> int:
     """What tokens cost at the catalog's price, for the spend budgets (the ledger fixes the
     billed cost itself, with the same arithmetic)."""
-    if not rates:
+    if rates is None:
         return 0
-    _, input_rate, cached_rate, output_rate, discount = rates
     return cost_micros(
-        input_per_mtok=Decimal(input_rate),
-        cached_input_per_mtok=Decimal(cached_rate),
-        output_per_mtok=Decimal(output_rate),
-        batch_discount_percent=Decimal(discount),
+        input_per_mtok=rates.input_per_mtok,
+        cached_input_per_mtok=rates.cached_input_per_mtok,
+        output_per_mtok=rates.output_per_mtok,
+        batch_discount_percent=rates.batch_discount_percent,
         batch=False,
         prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens,

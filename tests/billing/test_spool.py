@@ -134,11 +134,28 @@ def test_two_workers_and_a_locked_ledger_lose_and_double_nothing(
     had expired trimmed records another flusher had read but not inserted.)"""
     tenant, key = records
     batch = _records(tenant, key, 10_000)
-    spool_push(*batch)
+    # A flush every 2 s and a claim after 1 s idle: the flush after the one that got stuck
+    # always finds its entries idle long enough to take them over.
     stack_factory(
-        serving_db_url, name="spool", extra_env={"INFERPLANE_USAGE_CLAIM_IDLE_SECONDS": "1"}
+        serving_db_url,
+        name="spool",
+        extra_env={
+            "INFERPLANE_USAGE_CLAIM_IDLE_SECONDS": "1",
+            "INFERPLANE_USAGE_FLUSH_SECONDS": "2",
+        },
     )
     client = redis_sync()
+
+    def flushing() -> bool:
+        try:
+            return bool(client.xinfo_groups(USAGE_STREAM))
+        except redis.ResponseError:  # no flush has run yet
+            return False
+
+    # Spooled once the worker runs its flushes (not queued up while it boots, when two
+    # flushes could start together and both get stuck before either can take over).
+    wait_for(flushing, timeout=60, every=0.2)
+    spool_push(*batch)
 
     def taken_over() -> bool:
         """Two flushers have read, and entries read by one were claimed by the other."""

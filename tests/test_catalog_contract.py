@@ -1,0 +1,159 @@
+"""The typed contract between the control plane and the gateway: who may call which model
+(one decision, ``Catalog.callable``), which price is in force, and the catalog surviving the
+trip through Redis whole — or being rebuilt when what Redis holds cannot be read."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+
+import pytest
+
+from contract import (
+    AdapterVersion,
+    Catalog,
+    CatalogAdapter,
+    CatalogModel,
+    CatalogPool,
+    PriceRow,
+    catalog_decoder,
+    encode,
+    price_in_force,
+)
+from controlplane.redis import redis_sync
+from inference.api.catalog import CatalogView
+from inference.catalog import CATALOG_KEY, catalog_build, catalog_publish
+from inference.services import model_ensure, pool_ensure
+from tests.factories import TenantFactory
+
+ACME, GLOBEX = 1, 2
+
+
+def _model(**fields: object) -> CatalogModel:
+    values: dict[str, object] = {
+        "served_name": "/models/m",
+        "context_length": 2048,
+        "supports_lora": True,
+        "is_public": True,
+        "allowed_tenants": frozenset(),
+        "created": 100,
+        "online_pool": "online",
+    }
+    values.update(fields)
+    return CatalogModel(**values)  # type: ignore[arg-type]
+
+
+def _catalog() -> Catalog:
+    pool = CatalogPool(
+        kind="dedicated",
+        model="open",
+        policy="vtc",
+        max_inflight=8,
+        max_queue_wait_seconds=5,
+        replicas={},
+    )
+    return Catalog(
+        version=1,
+        models={
+            "open": _model(),
+            "private": _model(is_public=False, allowed_tenants=frozenset({GLOBEX})),
+            "batch-only": _model(online_pool=None, batch_pool="spot"),
+        },
+        pools={"online": pool},
+        adapters={
+            "acme/bot": CatalogAdapter(
+                tenant=ACME,
+                created=200,
+                latest=2,
+                versions={
+                    "1": AdapterVersion("acme/bot:1", "/a/1", "open"),
+                    "2": AdapterVersion("acme/bot:2", "/a/2", "open"),
+                },
+            ),
+            "acme/secret": CatalogAdapter(
+                tenant=ACME,
+                created=300,
+                latest=1,
+                versions={"1": AdapterVersion("acme/secret:1", "/s/1", "private")},
+            ),
+        },
+    )
+
+
+def test_a_tenant_calls_open_models_and_only_its_own_adapters() -> None:
+    catalog = _catalog()
+    assert list(catalog.callable_by(ACME)) == ["open", "acme/bot:1", "acme/bot", "acme/bot:2"]
+    # Another tenant sees the model it is allowed, and none of acme's adapters.
+    assert list(catalog.callable_by(GLOBEX)) == ["open", "private"]
+    assert catalog.callable("acme/bot", GLOBEX) is None
+    newest = catalog.callable("acme/bot", ACME)
+    assert newest is not None and newest.adapter is not None
+    assert (newest.base, newest.adapter.engine_name, newest.owned_by) == (
+        "open",
+        "acme/bot:2",
+        "acme",
+    )
+    # An adapter on a model the tenant may not call is not callable either.
+    assert catalog.callable("acme/secret", ACME) is None
+    for unknown in ("acme/bot:", "acme/bot:7", "acme/nope", "nope"):
+        assert catalog.callable(unknown, ACME) is None
+
+
+def test_a_model_without_a_pool_of_the_kind_is_known_but_not_listed() -> None:
+    catalog = _catalog()
+    found = catalog.callable("batch-only", ACME)
+    assert found is not None and found.pool is None  # the gateway answers 503 no_pool
+    assert "batch-only" not in catalog.callable_by(ACME)
+    assert list(catalog.callable_by(ACME, kind="batch")) == ["batch-only"]
+
+
+def test_the_contract_price_wins_and_a_future_price_is_not_in_force() -> None:
+    def row(starts: float, rate: str) -> PriceRow:
+        return PriceRow(starts, Decimal(rate), Decimal(0), Decimal(rate), Decimal(50))
+
+    prices = {
+        "list": [row(10, "1"), row(100, "2")],
+        f"tenant:{ACME}": [row(50, "0.5")],
+    }
+    assert price_in_force(prices, tenant_id=GLOBEX, at=99) == row(10, "1")
+    assert price_in_force(prices, tenant_id=GLOBEX, at=100) == row(100, "2")
+    assert price_in_force(prices, tenant_id=ACME, at=20) == row(10, "1")  # contract not yet
+    assert price_in_force(prices, tenant_id=ACME, at=60) == row(50, "0.5")
+    assert price_in_force(prices, tenant_id=ACME, at=5) is None
+
+
+@pytest.mark.django_db
+def test_the_published_catalog_reads_back_as_built() -> None:
+    tenant = TenantFactory.create()
+    model = model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
+    model.is_public = False
+    model.save()
+    model.allowed_tenants.add(tenant)
+    pool_ensure(name="online", model=model, kind="dedicated", replica_urls=[])
+    built = catalog_publish()
+    raw = redis_sync().get(CATALOG_KEY)
+    assert isinstance(raw, bytes)
+    read = catalog_decoder.decode(raw)
+    assert read.models == built.models and read.pools == built.pools
+    assert list(read.callable_by(tenant.pk)) == ["tiny-chat"]
+    assert read.callable_by(tenant.pk + 1) == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_gateway_rebuilds_a_catalog_it_cannot_read() -> None:
+    model = model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
+    pool_ensure(name="online", model=model, kind="dedicated", replica_urls=[])
+    # What a publisher of another version (or a damaged key) might leave: valid JSON, wrong shape.
+    redis_sync().set(CATALOG_KEY, encode({"version": 1, "models": {"tiny-chat": {}}, "pools": {}}))
+
+    async def read() -> Catalog:
+        view = CatalogView()
+        await view.refresh()
+        assert view.data is not None
+        return view.data
+
+    catalog = asyncio.run(read())
+    assert catalog.models["tiny-chat"].online_pool == "online"
+    raw = redis_sync().get(CATALOG_KEY)
+    assert isinstance(raw, bytes)
+    assert catalog_decoder.decode(raw).pools.keys() == catalog_build().pools.keys()
