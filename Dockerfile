@@ -37,6 +37,7 @@ COPY controlplane ./controlplane
 COPY tenants ./tenants
 COPY adapters ./adapters
 COPY inference ./inference
+COPY batches ./batches
 COPY billing ./billing
 COPY moderation ./moderation
 COPY dashboard ./dashboard
@@ -70,6 +71,7 @@ COPY controlplane ./controlplane
 COPY tenants ./tenants
 COPY adapters ./adapters
 COPY inference ./inference
+COPY batches ./batches
 COPY billing ./billing
 COPY moderation ./moderation
 COPY dashboard ./dashboard
@@ -80,7 +82,7 @@ COPY templates ./templates
 # throwaway build-time placeholders, set for this one command only and absent from the image.
 RUN SECRET_KEY=collectstatic-build-only ALLOWED_HOSTS=localhost \
         python manage.py collectstatic --noinput \
-    && python -m compileall -q contract controlplane tenants adapters inference billing moderation \
+    && python -m compileall -q contract controlplane tenants adapters inference batches billing moderation \
     && mkdir -p /app/var/media \
     && chown inferplane:inferplane /app/var /app/var/media
 

@@ -1,10 +1,12 @@
 """ASGI entry point: Channels routes the data plane before Django's HTTP app.
 
-``/v1/*`` is served by async Channels consumers (no sync middleware, no thread hops);
-everything else (dashboard, control API, admin) is Django's ASGI handler.
+``/v1/*`` is served by async Channels consumers (no sync middleware, no thread hops) but for
+``/v1/files`` and ``/v1/batches``; those and everything else (dashboard, control API, admin)
+are Django's ASGI handler.
 """
 
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -26,9 +28,19 @@ dashboard_websockets = [
     path("app/ws/ops", AllowedHostsOriginValidator(AuthMiddlewareStack(OpsConsumer.as_asgi())))
 ]
 
+# Django's app for every request the consumers do not take, bodies bounded first.
+django_bounded: Any = BoundedBody(django_asgi_app)  # type: ignore[arg-type]
+
 application = ProtocolTypeRouter(
     {
-        "http": URLRouter([*http_urlpatterns, re_path(r"", BoundedBody(django_asgi_app))]),  # type: ignore[arg-type]
+        "http": URLRouter(
+            [
+                # The Files and Batch APIs are Django's (uploads spool to disk as they come).
+                re_path(r"^v1/(files|batches)(/|$)", django_bounded),
+                *http_urlpatterns,
+                re_path(r"", django_bounded),
+            ]
+        ),
         "websocket": URLRouter([*websocket_urlpatterns, *dashboard_websockets]),
     }
 )

@@ -4,7 +4,8 @@ Django's ASGI handler reads the whole body of every request (spooling it to a te
 past 2.5 MB) before it routes, so without this any URL would accept any size from anyone.
 This wraps that handler: a declared ``Content-Length`` over the route's limit is answered 413
 at once, and a body that grows past it while streaming (chunked uploads) is cut off there.
-The ``/v1`` consumers bound their own bodies (and check the key first).
+The ``/v1`` consumers bound their own bodies (and check the key first); ``/v1/files`` and
+``/v1/batches`` are Django's, bounded here.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class BodyTooLarge(Exception):
 def body_limit(path: str) -> int:
     if _UPLOADS.match(path):
         return int(settings.ADAPTER_MAX_BYTES) + _MULTIPART_SLACK
+    if path == "/v1/files":  # a batch input file (the Files API)
+        return int(settings.INFERPLANE_FILE_MAX_BYTES) + _MULTIPART_SLACK
     return int(settings.INFERPLANE_MAX_CONTROL_BODY_BYTES)
 
 
@@ -78,6 +81,10 @@ async def _refuse(scope: Scope, send: Send, limit: int) -> None:
     message = f"Request body too large: the limit here is {limit:,} bytes."
     if scope["path"].startswith("/api/"):
         body, kind = orjson.dumps({"detail": message}), b"application/json"  # DRF's shape
+    elif scope["path"].startswith("/v1/"):  # OpenAI's shape
+        error = {"message": message, "type": "invalid_request_error", "param": None}
+        body = orjson.dumps({"error": {**error, "code": "request_too_large"}})
+        kind = b"application/json"
     else:
         body, kind = message.encode(), b"text/plain; charset=utf-8"
     await send(

@@ -85,6 +85,7 @@ INSTALLED_APPS = [
     "tenants",
     "adapters",
     "inference",
+    "batches",
     "billing",
     "moderation",
     "dashboard",
@@ -170,7 +171,14 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # Adapter validation has a queue and a worker of its own (Procfile "worker-adapters"), so
 # that uploads never hold up probes, metering and rollups on the default queue ("celery").
-CELERY_TASK_ROUTES = {"adapters.tasks.adapter_validate_task": {"queue": "adapters"}}
+CELERY_TASK_ROUTES = {
+    "adapters.tasks.adapter_validate_task": {"queue": "adapters"},
+    # Batch work has its own queue and worker (Procfile "worker-batch"): a large batch never
+    # delays probes, metering or rollups.
+    "batches.tasks.batch_validate_task": {"queue": "batch"},
+    "batches.tasks.batch_run_task": {"queue": "batch"},
+    "batches.tasks.batches_sweep_task": {"queue": "batch"},
+}
 # --- Stripe --------------------------------------------------------------------------------
 # Unset: invoices are still computed and finalized, but nothing is sent to Stripe and the
 # webhook refuses every call.
@@ -231,6 +239,12 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     },
     # Adapter versions still validating past INFERPLANE_ADAPTER_VALIDATION_DEADLINE_MINUTES
     # (a worker killed at the hard time limit, a lost message) get a verdict.
+    # Batches: expire what is past its window, wake a worker for work nobody is doing.
+    "sweep-batches": {
+        "task": "batches.tasks.batches_sweep_task",
+        "schedule": float(env_int("INFERPLANE_BATCH_SWEEP_SECONDS", 5, minimum=1)),
+        "options": {"expires": 30},
+    },
     "reject-stuck-adapters": {
         "task": "adapters.tasks.adapters_stuck_reject_task",
         "schedule": 300.0,
@@ -471,3 +485,17 @@ LOGGING = {
         "celery.beat": {"level": "WARNING"},
     },
 }
+
+# --- Files and batches ------------------------------------------------------------------------
+# OpenAI's limits: an input file of at most 200 MB and 50,000 requests.
+INFERPLANE_FILE_MAX_BYTES = env_int("INFERPLANE_FILE_MAX_BYTES", 200 * 1024 * 1024, minimum=1024)
+INFERPLANE_BATCH_MAX_LINES = env_int("INFERPLANE_BATCH_MAX_LINES", 50_000, minimum=1)
+INFERPLANE_BATCH_MAX_LINE_BYTES = env_int(
+    "INFERPLANE_BATCH_MAX_LINE_BYTES", 1024 * 1024, minimum=1024
+)
+# A worker's claim on the lines it runs; lines of a worker that died run again after it.
+INFERPLANE_BATCH_LEASE_SECONDS = env_int("INFERPLANE_BATCH_LEASE_SECONDS", 300, minimum=5)
+# Lines one worker process keeps in flight (admission shares the spot pool between tenants).
+INFERPLANE_BATCH_CONCURRENCY = env_int("INFERPLANE_BATCH_CONCURRENCY", 32, minimum=1)
+# How long one task runs lines before it queues its successor (batches take turns).
+INFERPLANE_BATCH_RUN_SECONDS = env_int("INFERPLANE_BATCH_RUN_SECONDS", 60, minimum=1)

@@ -35,4 +35,5 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/", include(api_patterns)),
+    path("", include("batches.urls")),  # /v1/files, /v1/batches
 ]

@@ -96,27 +96,7 @@ def stack_start(
         env,
     )
     if celery:
-        stack.processes["worker"] = _spawn(
-            f"{name}-worker",
-            [
-                str(bin_dir / "celery"),
-                "-A",
-                "controlplane",
-                "worker",
-                # One process for both queues: a second worker for "adapters" would cost
-                # another Celery start and ~100 MB on every stack, for no test that needs it.
-                "-Q",
-                "celery,adapters",
-                "-l",
-                "warning",
-                "--concurrency",
-                "2",
-                "--without-heartbeat",
-                "--without-gossip",
-                "--without-mingle",
-            ],
-            env,
-        )
+        worker_start(stack, name)
         stack.processes["beat"] = _spawn(
             f"{name}-beat",
             [
@@ -144,6 +124,33 @@ def stack_start(
             time.sleep(0.2)
     stack.stop()
     pytest.fail(f"web server did not start; see var/test-logs/{name}-web.log")
+
+
+def worker_start(stack: Stack, name: str) -> subprocess.Popen[bytes]:
+    """The stack's Celery worker (again, after a test killed it)."""
+    bin_dir = Path(sys.executable).parent
+    stack.processes["worker"] = _spawn(
+        f"{name}-worker",
+        [
+            str(bin_dir / "celery"),
+            "-A",
+            "controlplane",
+            "worker",
+            # One process for every queue: a worker per queue would cost another Celery
+            # start and ~100 MB on every stack, for no test that needs it.
+            "-Q",
+            "celery,adapters,batch",
+            "-l",
+            "warning",
+            "--concurrency",
+            "2",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        stack.env,
+    )
+    return stack.processes["worker"]
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float = 20, every: float = 0.2) -> Any:

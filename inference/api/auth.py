@@ -77,7 +77,9 @@ def _limits(obj: LimitFields) -> tuple[int, ...]:
     return tuple(getattr(obj, name) or 0 for name in LimitFields.LIMIT_NAMES)
 
 
-def _load_from_db(prefix: str) -> KeyInfo | None:
+def key_info_from_db(prefix: str) -> KeyInfo | None:
+    """A key as the gateway knows it, from Postgres: None if revoked or of a suspended
+    tenant (a batch worker runs its lines with it)."""
     key = (
         ApiKey.objects.select_related("tenant")
         .filter(prefix=prefix, revoked_at__isnull=True, tenant__status=Tenant.Status.ACTIVE)
@@ -130,7 +132,7 @@ async def _load(prefix: str) -> KeyInfo | None:
         return None
     if isinstance(raw, bytes) and raw != TOMBSTONE:
         return KeyInfo.from_json(raw)
-    info = await run_db(_load_from_db, prefix)
+    info = await run_db(key_info_from_db, prefix)
     if raw is None:  # never over a tombstone: a change just happened
         pipe = client.pipeline(transaction=False)
         if info is None:

@@ -25,13 +25,14 @@ that has no HTTP request (a batch line in a Celery worker).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
+from contract import UsageRecord
 from inference.api import responses
 from inference.api.auth import KeyInfo
 from inference.api.errors import ApiError, overloaded
@@ -66,9 +67,14 @@ class Lifecycle:
         pool: str | None = None,
         output_filter: OutputFilter | None = None,
         input_check: InputCheck | None = None,
+        mode: str = "online",
+        ledger: Callable[[UsageRecord], None] | None = None,
     ) -> Lifecycle:
-        """``pool``: the pool to run on (by name) instead of the model's online pool."""
-        call = await prepare(key=key, raw_body=raw_body, endpoint=endpoint, pool=pool)
+        """``pool``: the pool to run on (by name) instead of the model's online pool;
+        ``mode`` and ``ledger``: how the call is billed and where its record goes (``Call``)."""
+        call = await prepare(
+            key=key, raw_body=raw_body, endpoint=endpoint, pool=pool, mode=mode, ledger=ledger
+        )
         return cls(call, output_filter=output_filter, input_check=input_check)
 
     async def start(self) -> None:
@@ -219,6 +225,8 @@ async def run_whole(
     pool: str | None = None,
     output_filter: OutputFilter | None = None,
     input_check: InputCheck | None = None,
+    mode: str = "online",
+    ledger: Callable[[UsageRecord], None] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """One request run to completion without an HTTP request (a batch line in a Celery
     worker: ``async_to_sync(run_whole)(...)``, or many at once in one ``asyncio.run``):
@@ -233,6 +241,8 @@ async def run_whole(
             pool=pool,
             output_filter=output_filter,
             input_check=input_check,
+            mode=mode,
+            ledger=ledger,
         )
         async with life:
             await life.start()

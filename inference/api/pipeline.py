@@ -14,7 +14,7 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -175,6 +175,10 @@ class Call:
     rates: PriceRow | None = None  # the price in force at the start
     base_model: str = ""  # the model billed: the base model under an adapter
     adapter: Adapter | None = None
+    mode: str = "online"  # or "batch": billed at the batch discount
+    # Where the usage record goes instead of the spool: a batch worker stores it with the
+    # line's result, in one transaction (see ``batches``).
+    ledger: Callable[[UsageRecord], None] | None = None
 
     def _move(self, to: State) -> None:
         if to not in _NEXT[self.state]:
@@ -282,9 +286,18 @@ def _resolve(
     return found.pool, found, adapter
 
 
-async def prepare(*, key: KeyInfo, raw_body: bytes, endpoint: str, pool: str | None = None) -> Call:
+async def prepare(
+    *,
+    key: KeyInfo,
+    raw_body: bytes,
+    endpoint: str,
+    pool: str | None = None,
+    mode: str = "online",
+    ledger: Callable[[UsageRecord], None] | None = None,
+) -> Call:
     """Everything before the engine, for a request whose key was authenticated; on the
-    model's online pool, or on ``pool`` (by name) when given."""
+    model's online pool, or on ``pool`` (by name) when given. ``mode`` and ``ledger``: see
+    ``Call``."""
     t0 = time.perf_counter()
     started_at = datetime.now(UTC)
     parsed = parse_request(raw_body, endpoint)
@@ -314,7 +327,10 @@ async def prepare(*, key: KeyInfo, raw_body: bytes, endpoint: str, pool: str | N
         estimate=parsed.prompt_estimate + completion_estimate,
         sequences=parsed.sequences,
         estimated_cost=_price(
-            rates, prompt_tokens=parsed.prompt_estimate, completion_tokens=completion_estimate
+            rates,
+            prompt_tokens=parsed.prompt_estimate,
+            completion_tokens=completion_estimate,
+            batch=mode == "batch",
         ),
     )
     try:
@@ -352,6 +368,8 @@ async def prepare(*, key: KeyInfo, raw_body: bytes, endpoint: str, pool: str | N
         rates=rates,
         base_model=found.base,
         adapter=adapter,
+        mode=mode,
+        ledger=ledger,
     )
 
 
@@ -747,7 +765,7 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         model=call.base_model or parsed.model,
         adapter=call.adapter.label if call.adapter else "",
         endpoint=parsed.endpoint,
-        mode="online",
+        mode=call.mode,
         status=status,
         prompt_tokens=call.counts.prompt,
         completion_tokens=call.counts.completion,
@@ -779,15 +797,24 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
                 call.rid,
             )
         call.grant.release_into(pipe, tokens, cost)
-        metering.spool_into(pipe, record)
+        if call.ledger is None:
+            metering.spool_into(pipe, record)
         await pipe.execute()
     except RedisError:
         log.warning("could not release admission/limits of %s", call.rid, exc_info=True)
-        await metering.store_directly(record)
+        if call.ledger is None:
+            await metering.store_directly(record)
+    if call.ledger is not None:
+        call.ledger(record)
 
 
 def _price(
-    rates: PriceRow | None, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    rates: PriceRow | None,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+    batch: bool = False,
 ) -> int:
     """What tokens cost at the catalog's price, for the spend budgets (the ledger fixes the
     billed cost itself, with the same arithmetic)."""
@@ -798,7 +825,7 @@ def _price(
         cached_input_per_mtok=rates.cached_input_per_mtok,
         output_per_mtok=rates.output_per_mtok,
         batch_discount_percent=rates.batch_discount_percent,
-        batch=False,
+        batch=batch,
         prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens,
         completion_tokens=completion_tokens,
@@ -811,4 +838,5 @@ def _cost(call: Call) -> int:
         prompt_tokens=call.counts.prompt,
         completion_tokens=call.counts.completion,
         cached_tokens=call.counts.cached,
+        batch=call.mode == "batch",
     )

@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from inference.api import limits
-from inference.api.auth import KeyInfo, _load_from_db
+from inference.api.auth import KeyInfo, key_info_from_db
 from inference.api.errors import ApiError
 from tenants.services import api_key_create, tenant_create
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _key(**tenant_limits: int) -> KeyInfo:
     tenant = tenant_create(slug=f"lim-{uuid.uuid4().hex[:8]}", limits=tenant_limits, actor=None)
     issued = api_key_create(tenant=tenant, name="k", created_by=None)
-    info = _load_from_db(issued.api_key.prefix)
+    info = key_info_from_db(issued.api_key.prefix)
     assert info is not None
     return info
 

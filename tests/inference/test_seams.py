@@ -20,7 +20,7 @@ from asgiref.sync import async_to_sync
 from billing.models import UsageRecord
 from billing.spool import usage_spool_flush
 from inference.api.admission import queue_state
-from inference.api.auth import KeyInfo, _load_from_db
+from inference.api.auth import KeyInfo, key_info_from_db
 from inference.api.consumers import SSE_DONE, sse_frame
 from inference.api.errors import ApiError
 from inference.api.lifecycle import Lifecycle, run_whole
@@ -69,7 +69,7 @@ class Serving:
         a batch's key (not its secret) loads it."""
         tenant = tenant_create(slug=f"seam-{next(_slugs)}", weight=1, limits=limits, actor=None)
         issued = api_key_create(tenant=tenant, name="test", created_by=None)
-        key = _load_from_db(issued.api_key.prefix)
+        key = key_info_from_db(issued.api_key.prefix)
         assert key is not None
         return tenant, key
 

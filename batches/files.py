@@ -1,0 +1,150 @@
+"""Files: a tenant's uploads (``purpose=batch``) and its batches' results (``batch_output``),
+in the default storage (the filesystem under ``var/media``, or S3 as adapters are).
+
+An upload reaches us already spooled to a temporary file by Django (past 2.5 MB), is read
+once, line by line, to check it and count its lines, and is streamed to storage: nothing
+holds a whole file in memory, whatever its size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import IO, Any
+
+from django.conf import settings
+from django.core.files import File as DjangoFile
+from django.core.files.storage import default_storage
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from batches.models import File
+from inference.api.errors import ApiError, invalid_request
+from tenants.models import Tenant
+
+PURPOSES_UPLOADED = {File.Purpose.BATCH}
+
+
+def _not_found(file_id: str) -> ApiError:
+    return ApiError(404, f"No such File object: {file_id}", code="file_not_found", param="file_id")
+
+
+def file_get(*, tenant: Tenant, file_id: str) -> File:
+    """Another tenant's file is as unknown as one that does not exist (404)."""
+    found = File.objects.filter(tenant=tenant, pk=file_id).first()
+    if found is None:
+        raise _not_found(file_id)
+    return found
+
+
+def file_list(*, tenant: Tenant, purpose: str | None = None) -> QuerySet[File]:
+    files = File.objects.filter(tenant=tenant)
+    if purpose:
+        files = files.filter(purpose=purpose)
+    return files
+
+
+def count_lines(upload: IO[bytes], *, max_lines: int) -> int:
+    """The JSONL lines of an upload (blank lines not counted), read in chunks."""
+    lines = 0
+    tail = b""
+    for chunk in iter(lambda: upload.read(1 << 20), b""):
+        parts = (tail + chunk).split(b"\n")
+        tail = parts.pop()
+        lines += sum(1 for part in parts if part.strip())
+        if lines > max_lines:
+            break
+    if tail.strip():
+        lines += 1
+    if lines > max_lines:
+        raise invalid_request(
+            f"The file has more than {max_lines:,} lines; a batch takes at most {max_lines:,} "
+            "requests. Split it into several files.",
+            param="file",
+            code="too_many_lines",
+        )
+    return lines
+
+
+def file_upload(
+    *,
+    tenant: Tenant,
+    upload: DjangoFile[Any],
+    purpose: str,
+    expires_after_seconds: int | None = None,
+) -> File:
+    """Store an upload for ``purpose`` (only ``batch`` can be uploaded)."""
+    if purpose not in PURPOSES_UPLOADED:
+        raise invalid_request(
+            f"Invalid purpose `{purpose}`: files uploaded here are for `batch`.",
+            param="purpose",
+            code="invalid_purpose",
+        )
+    name = (upload.name or "").rsplit("/", 1)[-1]
+    if not name.endswith(".jsonl"):
+        raise invalid_request(
+            "A batch input file must be JSONL, with a `.jsonl` name.",
+            param="file",
+            code="invalid_file_format",
+        )
+    size = upload.size or 0
+    if size > settings.INFERPLANE_FILE_MAX_BYTES:
+        raise invalid_request(
+            f"The file is {size:,} bytes; files are at most "
+            f"{settings.INFERPLANE_FILE_MAX_BYTES:,} bytes.",
+            param="file",
+            code="file_too_large",
+        )
+    upload.seek(0)
+    lines = count_lines(upload, max_lines=settings.INFERPLANE_BATCH_MAX_LINES)
+    if lines == 0:
+        raise invalid_request("The file is empty.", param="file", code="empty_file")
+    upload.seek(0)
+    row = File(tenant=tenant, purpose=purpose, filename=name[:255], bytes=size, lines=lines)
+    row.path = default_storage.save(f"files/{tenant.pk}/{row.id}.jsonl", upload)
+    if expires_after_seconds is not None:
+        row.expires_at = timezone.now() + timedelta(seconds=expires_after_seconds)
+    try:
+        row.save(force_insert=True)
+    except BaseException:
+        default_storage.delete(row.path)
+        raise
+    return row
+
+
+def file_store_output(*, tenant: Tenant, name: str, content: IO[bytes], lines: int) -> File:
+    """A batch's output or error file, from a local temporary file (streamed to storage)."""
+    size = content.seek(0, 2)
+    content.seek(0)
+    row = File(
+        tenant=tenant,
+        purpose=File.Purpose.BATCH_OUTPUT,
+        filename=name,
+        bytes=size,
+        lines=lines,
+    )
+    row.path = default_storage.save(f"files/{tenant.pk}/{row.id}.jsonl", DjangoFile(content))
+    row.save(force_insert=True)
+    return row
+
+
+def file_content(*, file: File) -> Iterator[bytes]:
+    with default_storage.open(file.path, "rb") as stream:
+        yield from iter(lambda: stream.read(1 << 16), b"")
+
+
+@transaction.atomic
+def file_delete(*, file: File) -> None:
+    File.objects.filter(pk=file.pk).delete()
+    path = file.path
+    transaction.on_commit(lambda: default_storage.delete(path))
+
+
+def files_expired_delete() -> int:
+    """Files past their ``expires_at`` are deleted (Celery beat)."""
+    gone = 0
+    for file in File.objects.filter(expires_at__lt=timezone.now()).iterator():
+        file_delete(file=file)
+        gone += 1
+    return gone

@@ -1,0 +1,596 @@
+"""A batch's life: created (parameters checked at once), validated (its file, line by line),
+run (``batches.runner``), finalized into its output and error files; cancelled or expired on
+the way. Every status change goes through here, under the batch's row lock."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import tempfile
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.core.files.storage import default_storage
+from django.db import IntegrityError, transaction
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.utils import timezone
+
+from batches.files import file_delete, file_get, file_store_output
+from batches.models import Batch, File, Line, epoch
+from inference.api.errors import ApiError, invalid_request
+from inference.catalog import catalog_read
+from tenants.models import ApiKey, Tenant
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
+WINDOW = timedelta(hours=24)
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+MAX_ERRORS_SHOWN = 100  # OpenAI lists the first errors, not thousands of them
+INSERT_CHUNK = 1000
+
+
+# --- reads -----------------------------------------------------------------------------------
+
+
+def batch_get(*, tenant: Tenant, batch_id: str) -> Batch:
+    """Another tenant's batch is as unknown as one that does not exist (404)."""
+    found = Batch.objects.filter(tenant=tenant, pk=batch_id).first()
+    if found is None:
+        raise ApiError(404, f"No such batch: {batch_id}", code="batch_not_found", param="batch_id")
+    return found
+
+
+def batch_list(*, tenant: Tenant) -> QuerySet[Batch]:
+    return Batch.objects.filter(tenant=tenant).order_by("-created_at", "-pk")
+
+
+def _counts(batch: Batch) -> dict[str, int]:
+    states = dict(
+        Line.objects.filter(batch=batch).values_list("state").annotate(n=Count("pk")).order_by()
+    )
+    done = states.get(Line.State.DONE, 0)
+    failed = sum(
+        states.get(s, 0) for s in (Line.State.FAILED, Line.State.CANCELLED, Line.State.EXPIRED)
+    )
+    return {"total": sum(states.values()), "completed": done, "failed": failed}
+
+
+def _usage(batch: Batch) -> dict[str, Any]:
+    sums = Line.objects.filter(
+        batch=batch, state__in=(Line.State.DONE, Line.State.FAILED)
+    ).aggregate(
+        prompt=Sum("prompt_tokens", default=0),
+        completion=Sum("completion_tokens", default=0),
+        cached=Sum("cached_tokens", default=0),
+    )
+    return {
+        "input_tokens": sums["prompt"],
+        "input_tokens_details": {"cached_tokens": sums["cached"]},
+        "output_tokens": sums["completion"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": sums["prompt"] + sums["completion"],
+    }
+
+
+def batch_object(batch: Batch) -> dict[str, Any]:
+    """The batch in OpenAI's shape, with live counts and usage (a field without a value is
+    left out, as OpenAI's schema has it: the SDKs read it as None)."""
+    shaped = {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "model": batch.model or None,
+        "errors": {"object": "list", "data": batch.errors} if batch.errors else None,
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file_id or None,
+        "error_file_id": batch.error_file_id or None,
+        "created_at": epoch(batch.created_at),
+        "in_progress_at": epoch(batch.in_progress_at),
+        "expires_at": epoch(batch.expires_at),
+        "finalizing_at": epoch(batch.finalizing_at),
+        "completed_at": epoch(batch.completed_at),
+        "failed_at": epoch(batch.failed_at),
+        "expired_at": epoch(batch.expired_at),
+        "cancelling_at": epoch(batch.cancelling_at),
+        "cancelled_at": epoch(batch.cancelled_at),
+        "request_counts": _counts(batch),
+        "usage": _usage(batch),
+        "metadata": batch.metadata,
+    }
+    return {name: value for name, value in shaped.items() if value is not None}
+
+
+# --- create ----------------------------------------------------------------------------------
+
+
+def _check_metadata(metadata: Any) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise invalid_request("`metadata` must be an object.", param="metadata")
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise invalid_request(
+            f"`metadata` has at most {MAX_METADATA_PAIRS} pairs.", param="metadata"
+        )
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise invalid_request(
+                f"A `metadata` key is at most {MAX_METADATA_KEY} characters.", param="metadata"
+            )
+        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE:
+            raise invalid_request(
+                f"A `metadata` value is a string of at most {MAX_METADATA_VALUE} characters.",
+                param="metadata",
+            )
+    return dict(metadata)
+
+
+def batch_create(
+    *, api_key: ApiKey, params: Mapping[str, Any], idempotency_key: str | None = None
+) -> tuple[Batch, bool]:
+    """Check the parameters (a 400 at once), then queue the file's validation. With an
+    ``Idempotency-Key`` the same request again returns the batch it created (False: not
+    new); the key with other parameters is a 409."""
+    tenant = api_key.tenant
+    input_file_id = params.get("input_file_id")
+    if not isinstance(input_file_id, str) or not input_file_id:
+        raise invalid_request("`input_file_id` is required.", param="input_file_id")
+    endpoint = params.get("endpoint")
+    if endpoint not in ENDPOINTS:
+        raise invalid_request(
+            f"Invalid endpoint `{endpoint}`: batches run {', '.join(sorted(ENDPOINTS))}.",
+            param="endpoint",
+            code="invalid_endpoint",
+        )
+    if params.get("completion_window") != "24h":
+        raise invalid_request(
+            "Invalid `completion_window`: only `24h` is supported.", param="completion_window"
+        )
+    metadata = _check_metadata(params.get("metadata"))
+    fingerprint = hashlib.sha256(
+        orjson.dumps([input_file_id, endpoint, metadata], option=orjson.OPT_SORT_KEYS)
+    ).hexdigest()
+    if idempotency_key:
+        seen = Batch.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if seen is not None:
+            return _replayed(seen, fingerprint), False
+    source = file_get(tenant=tenant, file_id=input_file_id)
+    if source.purpose != File.Purpose.BATCH:
+        raise invalid_request(
+            f"File {input_file_id} has purpose `{source.purpose}`, not `batch`.",
+            param="input_file_id",
+            code="invalid_purpose",
+        )
+    now = timezone.now()
+    batch = Batch(
+        tenant=tenant,
+        api_key=api_key,
+        input_file_id=input_file_id,
+        endpoint=endpoint,
+        metadata=metadata,
+        idempotency_key=idempotency_key or "",
+        request_fingerprint=fingerprint,
+        expires_at=now + WINDOW,
+    )
+    try:
+        with transaction.atomic():
+            batch.save(force_insert=True)
+            from batches.tasks import batch_validate_task
+
+            pk = batch.pk
+            transaction.on_commit(lambda: batch_validate_task.delay(pk))
+    except IntegrityError:  # the same key, created by a concurrent retry
+        seen = Batch.objects.get(tenant=tenant, idempotency_key=idempotency_key)
+        return _replayed(seen, fingerprint), False
+    return batch, True
+
+
+def _replayed(seen: Batch, fingerprint: str) -> Batch:
+    if seen.request_fingerprint != fingerprint:
+        raise ApiError(
+            409,
+            "This Idempotency-Key was used for another batch request.",
+            code="idempotency_key_reused",
+        )
+    return seen
+
+
+# --- validate --------------------------------------------------------------------------------
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.data: list[dict[str, Any]] = []
+        self.count = 0
+
+    def add(self, code: str, message: str, *, line: int | None, param: str | None = None) -> None:
+        self.count += 1
+        if len(self.data) < MAX_ERRORS_SHOWN:
+            self.data.append({"code": code, "message": message, "param": param, "line": line})
+
+
+def _lines(path: str) -> Iterable[tuple[int, bytes]]:
+    with default_storage.open(path, "rb") as stream:
+        for number, raw in enumerate(stream, start=1):
+            if raw.strip():
+                yield number, raw
+
+
+def _check_line(
+    raw: bytes, number: int, batch: Batch, errors: _Errors, seen: set[str], models: set[str]
+) -> tuple[str, dict[str, Any]] | None:
+    if len(raw) > settings.INFERPLANE_BATCH_MAX_LINE_BYTES:
+        errors.add(
+            "line_too_large",
+            f"The line is {len(raw):,} bytes; a line is at most "
+            f"{settings.INFERPLANE_BATCH_MAX_LINE_BYTES:,}.",
+            line=number,
+        )
+        return None
+    try:
+        item = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        errors.add("invalid_json_line", "This line is not valid JSON.", line=number)
+        return None
+    if not isinstance(item, dict):
+        errors.add("invalid_json_line", "A line is a JSON object.", line=number)
+        return None
+    custom_id = item.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > 512:
+        errors.add(
+            "missing_required_parameter",
+            "A line needs a `custom_id`: a string of at most 512 characters.",
+            line=number,
+            param="custom_id",
+        )
+        return None
+    if custom_id in seen:
+        errors.add(
+            "duplicate_custom_id",
+            f"The custom_id `{custom_id}` is used by an earlier line.",
+            line=number,
+            param="custom_id",
+        )
+        return None
+    seen.add(custom_id)
+    if item.get("method") != "POST":
+        errors.add(
+            "invalid_method", "A line's `method` must be `POST`.", line=number, param="method"
+        )
+        return None
+    if item.get("url") != batch.endpoint:
+        errors.add(
+            "url_mismatch",
+            f"The line's url `{item.get('url')}` is not the batch's endpoint `{batch.endpoint}`.",
+            line=number,
+            param="url",
+        )
+        return None
+    body = item.get("body")
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        errors.add(
+            "invalid_request",
+            "A line's `body` is the request, an object naming its `model`.",
+            line=number,
+            param="body",
+        )
+        return None
+    if body.get("stream"):
+        errors.add(
+            "invalid_request",
+            "Streaming is not available in a batch: leave `stream` out.",
+            line=number,
+            param="body.stream",
+        )
+        return None
+    models.add(body["model"])
+    return custom_id, body
+
+
+def batch_validate(*, batch_id: str) -> Batch:
+    """Read the input file once, line by line: a file with any bad line fails the batch with
+    each problem and its line number; a good one becomes lines to run."""
+    batch = Batch.objects.select_related("tenant").get(pk=batch_id)
+    if batch.status != Batch.Status.VALIDATING:
+        return batch
+    errors = _Errors()
+    source = File.objects.filter(tenant=batch.tenant, pk=batch.input_file_id).first()
+    seen: set[str] = set()
+    models: set[str] = set()
+    if source is None:
+        errors.add("file_not_found", "The input file was deleted.", line=None)
+        return _fail(batch, errors)
+    Line.objects.filter(batch=batch).delete()  # a validation interrupted half-way
+    pending: list[Line] = []
+    total = 0
+    for number, raw in _lines(source.path):
+        total += 1
+        if total > settings.INFERPLANE_BATCH_MAX_LINES:
+            errors.add(
+                "too_many_tasks",
+                f"A batch has at most {settings.INFERPLANE_BATCH_MAX_LINES:,} requests.",
+                line=number,
+            )
+            break
+        checked = _check_line(raw, number, batch, errors, seen, models)
+        if checked is None or errors.count:
+            continue
+        pending.append(Line(batch=batch, number=number, custom_id=checked[0], body=checked[1]))
+        if len(pending) >= INSERT_CHUNK:
+            Line.objects.bulk_create(pending)
+            pending = []
+    if total == 0:
+        errors.add("empty_file", "The input file has no requests.", line=None)
+    if len(models) > 1:
+        errors.add(
+            "model_mismatch",
+            "Every line of a batch names the same model; this file names "
+            + ", ".join(f"`{m}`" for m in sorted(models)[:5])
+            + ".",
+            line=None,
+            param="body.model",
+        )
+    model = next(iter(models), "")
+    if model and not errors.count:
+        callable_now = catalog_read().callable(model, batch.tenant_id, kind="batch")
+        if callable_now is None:
+            errors.add(
+                "model_not_found",
+                f"The model `{model}` does not exist or you do not have access to it.",
+                line=None,
+                param="body.model",
+            )
+        elif callable_now.pool is None:
+            errors.add(
+                "model_not_found",
+                f"No batch pool serves `{model}`.",
+                line=None,
+                param="body.model",
+            )
+    if errors.count:
+        Line.objects.filter(batch=batch).delete()
+        return _fail(batch, errors, model=model)
+    Line.objects.bulk_create(pending)
+    with transaction.atomic():
+        locked = Batch.objects.select_for_update().get(pk=batch.pk)
+        if locked.status != Batch.Status.VALIDATING:  # cancelled meanwhile
+            Line.objects.filter(batch=batch, state=Line.State.PENDING).update(
+                state=Line.State.CANCELLED
+            )
+            return _settle_cancelled(locked)
+        locked.status = Batch.Status.IN_PROGRESS
+        locked.in_progress_at = timezone.now()
+        locked.model = model
+        locked.save(update_fields=["status", "in_progress_at", "model"])
+        from batches.tasks import batch_run_task
+
+        pk = locked.pk
+        transaction.on_commit(lambda: batch_run_task.delay(pk))
+    return locked
+
+
+def _fail(batch: Batch, errors: _Errors, *, model: str = "") -> Batch:
+    with transaction.atomic():
+        locked = Batch.objects.select_for_update().get(pk=batch.pk)
+        locked.status = Batch.Status.FAILED
+        locked.failed_at = timezone.now()
+        locked.errors = errors.data
+        locked.model = model
+        locked.save(update_fields=["status", "failed_at", "errors", "model"])
+    return locked
+
+
+# --- cancel, expire, finalize ----------------------------------------------------------------
+
+
+def batch_cancel(*, batch: Batch) -> Batch:
+    """Unstarted lines are cancelled; lines running finish and keep their results; then the
+    batch is finalized as ``cancelled``. A repeated cancel changes nothing; a batch that
+    finished otherwise (completed, failed, expired) cannot be cancelled (409)."""
+    with transaction.atomic():
+        locked = Batch.objects.select_for_update().get(pk=batch.pk)
+        if locked.cancelling_at is not None:  # cancelled already (or being): nothing changes
+            return locked
+        if locked.status in Batch.FINISHED or locked.ending_at is not None:
+            raise ApiError(
+                409,
+                f"Cannot cancel a batch with status `{locked.status}`.",
+                code="batch_not_cancellable",
+            )
+        locked.status = Batch.Status.CANCELLING
+        locked.cancelling_at = timezone.now()
+        locked.save(update_fields=["status", "cancelling_at"])
+        Line.objects.filter(batch=locked, state=Line.State.PENDING).update(
+            state=Line.State.CANCELLED, response=_error_body("batch_cancelled")
+        )
+        from batches.tasks import batch_run_task
+
+        pk = locked.pk
+        transaction.on_commit(lambda: batch_run_task.delay(pk))
+    return locked
+
+
+def _error_body(code: str) -> dict[str, Any]:
+    messages = {
+        "batch_cancelled": "The batch was cancelled before this request ran.",
+        "batch_expired": "The batch expired before this request completed.",
+    }
+    return {"code": code, "message": messages[code]}
+
+
+def batches_expire() -> int:
+    """Batches past their window: what has not finished expires (never billed)."""
+    expired = 0
+    due = Batch.objects.filter(
+        expires_at__lt=timezone.now(),
+        status__in=(Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING),
+    ).values_list("pk", flat=True)
+    for pk in due:
+        with transaction.atomic():
+            locked = Batch.objects.select_for_update().get(pk=pk)
+            if locked.status in Batch.FINISHED or locked.ending_at is not None:
+                continue
+            Line.objects.filter(
+                batch=locked, state__in=(Line.State.PENDING, Line.State.RUNNING)
+            ).update(state=Line.State.EXPIRED, owner="", response=_error_body("batch_expired"))
+            _begin_ending(locked, Batch.Status.EXPIRED)
+        _write_files(locked, final=Batch.Status.EXPIRED)
+        expired += 1
+    return expired
+
+
+def batch_finish_if_done(*, batch_id: str) -> bool:
+    """When no line is left to run: finalize (write the files). True once finished."""
+    with transaction.atomic():
+        locked = Batch.objects.select_for_update().get(pk=batch_id)
+        if locked.status in Batch.FINISHED:
+            return True
+        if locked.ending_at is not None or locked.status not in (
+            Batch.Status.IN_PROGRESS,
+            Batch.Status.CANCELLING,
+        ):
+            return False
+        if Line.objects.filter(
+            batch=locked, state__in=(Line.State.PENDING, Line.State.RUNNING)
+        ).exists():
+            return False
+        final = (
+            Batch.Status.CANCELLED
+            if locked.status == Batch.Status.CANCELLING
+            else Batch.Status.COMPLETED
+        )
+        _begin_ending(locked, final)
+    _write_files(locked, final=final)
+    return True
+
+
+def _begin_ending(locked: Batch, final: str) -> None:
+    """Under the batch's row lock: its files are being written from now on (one writer).
+    A batch about to complete shows ``finalizing`` meanwhile; one being cancelled or expired
+    keeps its status until it is ``cancelled`` or ``expired``, as OpenAI's do."""
+    now = timezone.now()
+    locked.ending_at = now
+    fields = ["ending_at"]
+    if final == Batch.Status.COMPLETED:
+        locked.status = Batch.Status.FINALIZING
+        locked.finalizing_at = now
+        fields += ["status", "finalizing_at"]
+    locked.save(update_fields=fields)
+
+
+def _settle_cancelled(batch: Batch) -> Batch:
+    _begin_ending(batch, Batch.Status.CANCELLED)
+    transaction.on_commit(lambda: _write_files(batch, final=Batch.Status.CANCELLED))
+    return batch
+
+
+def output_line(line: Line) -> bytes:
+    """One line of an output or error file, in OpenAI's shape."""
+    if line.state in (Line.State.DONE, Line.State.FAILED):
+        item: dict[str, Any] = {
+            "id": line.result_id,
+            "custom_id": line.custom_id,
+            "response": {
+                "status_code": line.status_code,
+                "request_id": line.request_id,
+                "body": line.response,
+            },
+            "error": None,
+        }
+    else:  # cancelled or expired: never answered
+        item = {
+            "id": line.result_id or "batch_req_" + secrets.token_hex(12),
+            "custom_id": line.custom_id,
+            "response": None,
+            "error": line.response,
+        }
+    return orjson.dumps(item) + b"\n"
+
+
+def _write_files(batch: Batch, *, final: str) -> None:
+    """The output file (answered lines, in input order) and the error file (the others),
+    written line by line from the database to temporary files, then to storage."""
+    outputs = {"output": 0, "error": 0}
+    # A finalization cut short (its worker died) is done again from the start.
+    for earlier in File.objects.filter(
+        tenant=batch.tenant, filename__in=(f"{batch.id}_output.jsonl", f"{batch.id}_error.jsonl")
+    ):
+        file_delete(file=earlier)
+    with (
+        tempfile.TemporaryFile() as output,
+        tempfile.TemporaryFile() as error,
+    ):
+        lines = Line.objects.filter(batch=batch).order_by("number").iterator(chunk_size=500)
+        for line in lines:
+            target = "output" if line.state == Line.State.DONE else "error"
+            (output if target == "output" else error).write(output_line(line))
+            outputs[target] += 1
+        output_id = error_id = ""
+        if outputs["output"]:
+            output_id = file_store_output(
+                tenant=batch.tenant,
+                name=f"{batch.id}_output.jsonl",
+                content=output,
+                lines=outputs["output"],
+            ).id
+        if outputs["error"]:
+            error_id = file_store_output(
+                tenant=batch.tenant,
+                name=f"{batch.id}_error.jsonl",
+                content=error,
+                lines=outputs["error"],
+            ).id
+    now = timezone.now()
+    stamp = {
+        Batch.Status.COMPLETED: "completed_at",
+        Batch.Status.CANCELLED: "cancelled_at",
+        Batch.Status.EXPIRED: "expired_at",
+    }[Batch.Status(final)]
+    Batch.objects.filter(pk=batch.pk, ending_at__isnull=False).exclude(
+        status__in=Batch.FINISHED
+    ).update(status=final, output_file_id=output_id, error_file_id=error_id, **{stamp: now})
+
+
+def batches_stuck() -> list[str]:
+    """Batches with work nobody is doing: lines ready to run and none running on a live
+    lease, or lines whose lease ran out (their worker died); validating or finalizing for
+    longer than a lease. The sweeper wakes a worker for each."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.INFERPLANE_BATCH_LEASE_SECONDS)
+    lines = Line.objects.filter(batch=OuterRef("pk"))
+    ready = lines.filter(state=Line.State.PENDING).filter(
+        Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    )
+    live = lines.filter(state=Line.State.RUNNING, lease_until__gte=now)
+    dead = lines.filter(state=Line.State.RUNNING, lease_until__lt=now)
+    running = Batch.objects.filter(
+        status__in=(Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING)
+    ).filter((Exists(ready) & ~Exists(live)) | Exists(dead))
+    validating = Batch.objects.filter(status=Batch.Status.VALIDATING, created_at__lt=stale)
+    finalizing = Batch.objects.filter(ending_at__lt=stale).exclude(status__in=Batch.FINISHED)
+    ids = set(running.values_list("pk", flat=True))
+    ids |= set(validating.values_list("pk", flat=True))
+    ids |= set(finalizing.values_list("pk", flat=True))
+    return sorted(ids)
+
+
+def batch_finalize_again(*, batch_id: str) -> None:
+    """Finish a finalization its worker did not (the files are written again)."""
+    batch = Batch.objects.select_related("tenant").get(pk=batch_id)
+    if batch.status in Batch.FINISHED or batch.ending_at is None:
+        return
+    lines = Line.objects.filter(batch=batch)
+    if batch.cancelling_at is not None:
+        final = Batch.Status.CANCELLED
+    elif lines.filter(state=Line.State.EXPIRED).exists():
+        final = Batch.Status.EXPIRED
+    else:
+        final = Batch.Status.COMPLETED
+    _write_files(batch, final=final)

@@ -1,0 +1,41 @@
+"""Thin tasks on the ``batch`` queue (its own worker: batch work never delays probes,
+metering or rollups). A message only wakes a worker; what to do is read from Postgres, so a
+message delivered twice, or lost with its worker, changes nothing (the sweeper re-wakes)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from batches.files import files_expired_delete
+from batches.models import Batch
+from batches.runner import batch_run
+from batches.services import batch_finalize_again, batch_validate, batches_expire, batches_stuck
+
+
+@shared_task(ignore_result=True)
+def batch_validate_task(batch_id: str) -> None:
+    batch_validate(batch_id=batch_id)
+
+
+@shared_task(ignore_result=True)
+def batch_run_task(batch_id: str) -> None:
+    if batch_run(batch_id=batch_id) == "more":
+        batch_run_task.apply_async((batch_id,), countdown=1)
+
+
+@shared_task(ignore_result=True)
+def batches_sweep_task() -> None:
+    """Every few seconds: expire what is past its window, and wake a worker for every batch
+    with work nobody is doing (a worker that died, a message that was lost)."""
+    batches_expire()
+    for batch_id in batches_stuck():
+        batch = Batch.objects.filter(pk=batch_id).only("status", "ending_at").first()
+        if batch is None:
+            continue
+        if batch.ending_at is not None:
+            batch_finalize_again(batch_id=batch_id)
+        elif batch.status == Batch.Status.VALIDATING:
+            batch_validate_task.delay(batch_id)
+        else:
+            batch_run_task.delay(batch_id)
+    files_expired_delete()

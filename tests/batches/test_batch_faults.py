@@ -1,0 +1,89 @@
+"""Batches when processes die mid-work: the Celery worker killed with SIGKILL while its
+lines run. Every line ends answered exactly once, and the ledger holds exactly the output.
+A module of its own: its stack is the only one whose worker takes batch work."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from typing import Any
+
+import openai
+import pytest
+
+from batches.models import Line
+from billing.models import UsageRecord
+from inference.catalog import catalog_publish
+from inference.models import Model, Pool, Replica
+from inference.services import pool_ensure, replica_probe
+from tenants.models import Tenant
+from tenants.services import api_key_create, tenant_create
+from tests.batches.test_batches import _content, _create, _finished, _line, _until, _upload
+from tests.engines import Engine
+from tests.live import worker_start
+from tests.serving import world_rows
+
+pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
+
+_slugs = itertools.count(1)
+
+
+@pytest.fixture
+def spot_rows(transactional_db: None, engine: Engine) -> None:
+    """The tiny model with an online pool and a spot pool on the session's engine."""
+    world_rows([engine])
+    pool = pool_ensure(
+        name="spot",
+        kind="spot",
+        model=Model.objects.get(name="tiny-chat"),
+        replica_urls=[engine.url],
+    )
+    # Two sequences at a time: a batch's other lines wait their turn in admission, claimed.
+    Pool.objects.filter(pk=pool.pk).update(max_inflight=2)
+    for replica in pool.replicas.all():
+        replica_probe(replica=replica)
+    assert set(pool.replicas.values_list("state", flat=True)) == {Replica.State.READY}
+    catalog_publish()
+    time.sleep(1.1)
+
+
+def _tenant(**limits: int | None) -> tuple[Tenant, str]:
+    tenant = tenant_create(slug=f"fault-{next(_slugs)}", weight=1, limits=limits, actor=None)
+    return tenant, api_key_create(tenant=tenant, name="test", created_by=None).secret
+
+
+def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(
+    spot_rows: None, serving_db_url: str, stack_factory: Any
+) -> None:
+    """SIGKILL the Celery worker while lines run; a new worker (woken by the sweeper once
+    the dead one's leases run out) finishes the batch: every line once, ledger = output."""
+    stack = stack_factory(
+        serving_db_url, name="batch-kill", extra_env={"INFERPLANE_BATCH_LEASE_SECONDS": "5"}
+    )
+    tenant, key = _tenant()
+    client = openai.OpenAI(api_key=key, base_url=stack.url + "/v1", max_retries=0)
+    n = 16
+    file_id = _upload(client, [_line(f"k{i}", max_tokens=96, ignore_eos=True) for i in range(n)])
+    created = _create(client, file_id)
+    _until(
+        client,
+        created.id,
+        lambda b: b.request_counts is not None and b.request_counts.completed >= 2,
+    )
+    # Every line is claimed (most wait for their turn in the spot pool's admission queue).
+    assert Line.objects.filter(batch_id=created.id, state=Line.State.RUNNING).count() >= 2
+    os.killpg(stack.processes["worker"].pid, signal.SIGKILL)
+    stack.processes["worker"].wait(timeout=10)
+    worker_start(stack, "batch-kill")
+    batch = _until(client, created.id, _finished, timeout=180)
+    assert batch.status == "completed"
+    assert batch.request_counts.model_dump() == {"total": n, "completed": n, "failed": 0}
+    output = _content(client, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(f"k{i}" for i in range(n))
+    ledger = UsageRecord.objects.filter(tenant=tenant)
+    assert sorted(ledger.values_list("request_id", flat=True)) == sorted(
+        o["response"]["request_id"] for o in output
+    )
+    assert Line.objects.filter(batch_id=created.id, attempts__gt=1).exists()  # some ran again

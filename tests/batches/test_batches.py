@@ -1,0 +1,417 @@
+"""The Files and Batch APIs as a developer uses them — the official OpenAI SDK against a live
+stack (web, Celery worker and beat) and a real vLLM CPU engine serving a spot pool: the
+whole lifecycle, validation failures, partial and total failures, cancel mid-run, expiry,
+idempotent retries, pagination and tenant isolation; every line answered exactly once and
+the ledger equal to the output files."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+import openai
+import orjson
+import pytest
+from django.utils import timezone
+
+from batches.models import Batch, Line
+from batches.runner import _claim, _store, batch_run
+from batches.services import batches_expire
+from billing.models import UsageRecord
+from billing.services import price_set
+from contract import UsageRecord as UsageRecord_
+from inference.catalog import catalog_publish
+from inference.models import Model, Replica
+from inference.services import pool_ensure, replica_probe
+from tenants.models import ApiKey
+from tests.engines import Engine
+from tests.live import wait_for
+from tests.serving import World, world
+
+pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
+
+__all__ = ["world"]  # the fixture
+
+
+@pytest.fixture
+def spot(world: World, engine: Engine) -> World:
+    """The world's online pool, and a spot pool of the same model on the same engine."""
+    pool = pool_ensure(
+        name="spot",
+        kind="spot",
+        model=Model.objects.get(name="tiny-chat"),
+        replica_urls=[engine.url],
+    )
+    for replica in pool.replicas.all():
+        replica_probe(replica=replica)
+    assert set(pool.replicas.values_list("state", flat=True)) == {Replica.State.READY}
+    catalog_publish()
+    time.sleep(1.1)
+    return world
+
+
+def _client(world: World, key: str) -> openai.OpenAI:
+    return openai.OpenAI(api_key=key, base_url=world.stack.url + "/v1", max_retries=0)
+
+
+def _line(custom_id: str, *, content: str = "Say hello.", **body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "tiny-chat",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 8,
+            "temperature": 0,
+            **body,
+        },
+    }
+
+
+def _jsonl(lines: list[Any]) -> bytes:
+    return b"".join(
+        (line if isinstance(line, bytes) else orjson.dumps(line)) + b"\n" for line in lines
+    )
+
+
+def _upload(client: openai.OpenAI, lines: list[Any], name: str = "input.jsonl") -> str:
+    return client.files.create(file=(name, io.BytesIO(_jsonl(lines))), purpose="batch").id
+
+
+def _create(client: openai.OpenAI, file_id: str, **extra: Any) -> Any:
+    return client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h", **extra
+    )
+
+
+def _until(
+    client: openai.OpenAI, batch_id: str, done: Callable[[Any], bool], timeout: float = 120
+) -> Any:
+    seen: list[Any] = []
+
+    def check() -> bool:
+        seen.append(client.batches.retrieve(batch_id))
+        return done(seen[-1])
+
+    wait_for(check, timeout=timeout, every=0.5)
+    return seen[-1]
+
+
+def _finished(batch: Any) -> bool:
+    return batch.status in {"completed", "failed", "cancelled", "expired"}
+
+
+def _content(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [orjson.loads(x) for x in client.files.content(file_id).content.splitlines() if x]
+
+
+def test_a_batch_runs_on_the_spot_pool_and_its_results_match_the_ledger(spot: World) -> None:
+    tenant, key = spot.tenant()
+    client = _client(spot, key)
+    price_set(
+        model=Model.objects.get(name="tiny-chat"),
+        input_per_mtok=Decimal(1),
+        output_per_mtok=Decimal(2),
+        batch_discount_percent=Decimal(50),
+        actor=None,
+    )
+    lines = [_line(f"req-{i}", content=f"Count to {i}.") for i in range(6)]
+    file_id = _upload(client, lines)
+    stored = client.files.retrieve(file_id)
+    assert (stored.purpose, stored.filename, stored.bytes) == (
+        "batch",
+        "input.jsonl",
+        len(_jsonl(lines)),
+    )
+    assert client.files.content(file_id).content == _jsonl(lines)
+    created = _create(client, file_id, metadata={"job": "nightly"})
+    assert created.status == "validating" and created.metadata == {"job": "nightly"}
+    assert created.expires_at == created.created_at + 24 * 3600
+    batch = _until(client, created.id, _finished)
+    assert batch.status == "completed", batch
+    assert batch.request_counts.model_dump() == {"total": 6, "completed": 6, "failed": 0}
+    assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
+    assert batch.error_file_id is None
+    output = _content(client, batch.output_file_id)
+    assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(6)]  # input order
+    for item in output:
+        assert set(item) == {"id", "custom_id", "response", "error"}
+        assert item["id"].startswith("batch_req_") and item["error"] is None
+        assert item["response"]["status_code"] == 200
+        assert item["response"]["body"]["object"] == "chat.completion"
+    assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
+    # The ledger holds exactly the lines answered, in batch mode at the batch price.
+    records = list(UsageRecord.objects.filter(tenant=tenant))
+    assert sorted(r.request_id for r in records) == sorted(
+        o["response"]["request_id"] for o in output
+    )
+    assert {r.mode for r in records} == {"batch"} and {r.pool for r in records} == {"spot"}
+    completion = sum(o["response"]["body"]["usage"]["completion_tokens"] for o in output)
+    prompt = sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in output)
+    assert batch.usage.output_tokens == completion == sum(r.completion_tokens for r in records)
+    assert batch.usage.input_tokens == prompt == sum(r.prompt_tokens for r in records)
+    for r in records:  # a micro-dollar per token in, two out, half off in batch mode
+        expected = (Decimal(r.prompt_tokens) + 2 * r.completion_tokens) / 2
+        assert r.cost_micros == int(expected.quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    # The online pool never saw the batch.
+    assert not UsageRecord.objects.filter(tenant=tenant, pool="online").exists()
+
+
+def test_a_bad_file_fails_the_batch_naming_each_line(spot: World) -> None:
+    _, key = spot.tenant()
+    client = _client(spot, key)
+    file_id = _upload(
+        client,
+        [
+            _line("a"),
+            b"{not json",
+            _line("a"),  # duplicate custom_id
+            {**_line("c"), "url": "/v1/completions"},
+            _line("d", stream=True),
+            _line("e", model="another-model"),
+        ],
+    )
+    batch = _until(client, _create(client, file_id).id, _finished)
+    assert batch.status == "failed" and batch.failed_at
+    found = {(e.code, e.line) for e in batch.errors.data}
+    assert ("invalid_json_line", 2) in found
+    assert ("duplicate_custom_id", 3) in found
+    assert ("url_mismatch", 4) in found
+    assert ("model_mismatch", None) in found
+    assert any(code == "invalid_request" and line == 5 for code, line in found)  # stream
+    assert batch.request_counts.total == 0 and batch.output_file_id is None
+    assert not Line.objects.filter(batch_id=batch.id).exists()
+
+
+def test_a_model_the_tenant_cannot_call_fails_the_batch(spot: World) -> None:
+    _, key = spot.tenant()
+    client = _client(spot, key)
+    file_id = _upload(
+        client, [_line("a", model="no-such-model"), _line("b", model="no-such-model")]
+    )
+    batch = _until(client, _create(client, file_id).id, _finished)
+    assert batch.status == "failed"
+    assert [e.code for e in batch.errors.data] == ["model_not_found"]
+
+
+def test_lines_that_fail_go_to_the_error_file_and_all_failed_is_completed(spot: World) -> None:
+    _, key = spot.tenant()
+    client = _client(spot, key)
+    # More than the model's context: a 400 for that line.
+    too_long: dict[str, Any] = {"max_tokens": 100_000}
+    file_id = _upload(client, [_line("ok-1"), _line("bad", **too_long), _line("ok-2")])
+    batch = _until(client, _create(client, file_id).id, _finished)
+    assert batch.status == "completed"
+    assert batch.request_counts.model_dump() == {"total": 3, "completed": 2, "failed": 1}
+    assert [o["custom_id"] for o in _content(client, batch.output_file_id)] == ["ok-1", "ok-2"]
+    (error,) = _content(client, batch.error_file_id)
+    assert error["custom_id"] == "bad" and error["response"]["status_code"] == 400
+    assert error["response"]["body"]["error"]["type"] == "invalid_request_error"
+
+    file_id = _upload(client, [_line("x", **too_long), _line("y", **too_long)])
+    batch = _until(client, _create(client, file_id).id, _finished)
+    assert batch.status == "completed" and batch.output_file_id is None
+    assert batch.request_counts.model_dump() == {"total": 2, "completed": 0, "failed": 2}
+    assert len(_content(client, batch.error_file_id)) == 2
+
+
+def test_cancel_mid_run_keeps_what_ran_and_cancels_the_rest(spot: World) -> None:
+    tenant, key = spot.tenant(max_concurrency=1)  # one line at a time: the cancel lands mid-run
+    client = _client(spot, key)
+    file_id = _upload(client, [_line(f"n{i}", max_tokens=48, ignore_eos=True) for i in range(12)])
+    created = _create(client, file_id)
+    _until(
+        client,
+        created.id,
+        lambda b: b.request_counts is not None and b.request_counts.completed >= 1,
+    )
+    cancelling = client.batches.cancel(created.id)
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at
+    again = client.batches.cancel(created.id)  # a repeated cancel changes nothing
+    assert (
+        again.status in {"cancelling", "cancelled"}
+        and again.cancelling_at == cancelling.cancelling_at
+    )
+    batch = _until(client, created.id, _finished)
+    assert batch.status == "cancelled" and batch.cancelled_at
+    counts = batch.request_counts
+    assert counts.total == 12 and 1 <= counts.completed < 12
+    assert counts.completed + counts.failed == 12
+    output = _content(client, batch.output_file_id)
+    errors = _content(client, batch.error_file_id)
+    assert len(output) == counts.completed and len(errors) == counts.failed
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert sorted(o["custom_id"] for o in output + errors) == sorted(f"n{i}" for i in range(12))
+    ledger = UsageRecord.objects.filter(tenant=tenant)
+    assert sorted(ledger.values_list("request_id", flat=True)) == sorted(
+        o["response"]["request_id"] for o in output
+    )
+    assert client.batches.cancel(created.id).status == "cancelled"  # still nothing changes
+    finished = _until(client, _create(client, _upload(client, [_line("z")])).id, _finished)
+    assert finished.status == "completed"
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(finished.id)  # finished otherwise: 409
+
+
+def test_an_expired_batch_keeps_its_answers_and_bills_nothing_else(spot: World) -> None:
+    tenant, key = spot.tenant(max_concurrency=1)
+    client = _client(spot, key)
+    file_id = _upload(client, [_line(f"e{i}", max_tokens=48, ignore_eos=True) for i in range(10)])
+    created = _create(client, file_id)
+    _until(
+        client,
+        created.id,
+        lambda b: b.request_counts is not None and b.request_counts.completed >= 1,
+    )
+    # The clock moves past the 24 h window, and the sweep (beat runs it every few seconds)
+    # comes round.
+    Batch.objects.filter(pk=created.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    batches_expire()
+    batch = _until(client, created.id, _finished)
+    assert batch.status == "expired" and batch.expired_at
+    output = _content(client, batch.output_file_id)
+    errors = _content(client, batch.error_file_id)
+    assert output and errors and len(output) + len(errors) == 10
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    ledger = UsageRecord.objects.filter(tenant=tenant)
+    assert sorted(ledger.values_list("request_id", flat=True)) == sorted(
+        o["response"]["request_id"] for o in output
+    )
+
+
+def test_a_line_run_twice_is_stored_and_billed_once(spot: World) -> None:
+    """Two workers on the same batch (a message delivered twice, or the sweeper waking a
+    second one): every line once in the output and the ledger."""
+    tenant, key = spot.tenant()
+    client = _client(spot, key)
+    file_id = _upload(client, [_line(f"d{i}") for i in range(8)])
+    created = _create(client, file_id)
+    _until(client, created.id, lambda b: b.status != "validating")
+    for _ in range(3):  # more runs of the same batch, here, beside the stack's worker
+        batch_run(batch_id=created.id, seconds=30)
+    batch = _until(client, created.id, _finished)
+    output = _content(client, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == [f"d{i}" for i in range(8)]
+    assert UsageRecord.objects.filter(tenant=tenant).count() == 8
+
+
+def test_parameter_errors_are_a_400_and_other_tenants_objects_a_404(spot: World) -> None:
+    _, key = spot.tenant()
+    _, other_key = spot.tenant()
+    client, other = _client(spot, key), _client(spot, other_key)
+    file_id = _upload(client, [_line("a")])
+    with pytest.raises(openai.BadRequestError):
+        client.batches.create(
+            input_file_id=file_id,
+            endpoint="/v1/embeddings",
+            completion_window="24h",
+        )
+    with pytest.raises(openai.BadRequestError):
+        client.batches.create(
+            input_file_id=file_id,
+            endpoint="/v1/chat/completions",
+            completion_window="48h",  # type: ignore[arg-type]
+        )
+    with pytest.raises(openai.BadRequestError):
+        _create(client, file_id, metadata={f"k{i}": "v" for i in range(17)})
+    with pytest.raises(openai.BadRequestError):
+        _create(client, file_id, metadata={"k" * 65: "v"})
+    with pytest.raises(openai.NotFoundError):
+        _create(other, file_id)  # another tenant's file
+    with pytest.raises(openai.NotFoundError):
+        other.files.retrieve(file_id)
+    with pytest.raises(openai.NotFoundError):
+        other.files.content(file_id)
+    with pytest.raises(openai.NotFoundError):
+        other.files.delete(file_id)
+    with pytest.raises(openai.BadRequestError):
+        client.files.create(file=("notes.txt", io.BytesIO(b"{}\n")), purpose="batch")
+    with pytest.raises(openai.BadRequestError):
+        client.files.create(file=("in.jsonl", io.BytesIO(b"{}\n")), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError):
+        client.files.create(file=("in.jsonl", io.BytesIO(b"\n\n")), purpose="batch")
+    batch = _create(client, file_id)
+    with pytest.raises(openai.NotFoundError):
+        other.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        other.batches.cancel(batch.id)
+    assert [b.id for b in other.batches.list()] == []
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(
+            api_key="sk-ip-nope", base_url=spot.stack.url + "/v1", max_retries=0
+        ).files.list()
+    assert client.files.delete(file_id).deleted is True
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(file_id)
+
+
+def test_listing_pages_and_an_idempotency_key_makes_a_retry_safe(spot: World) -> None:
+    _, key = spot.tenant()
+    client = _client(spot, key)
+    file_id = _upload(client, [_line("a")])
+    first = _create(client, file_id, extra_headers={"Idempotency-Key": "job-1"})
+    again = _create(client, file_id, extra_headers={"Idempotency-Key": "job-1"})
+    assert again.id == first.id
+    with pytest.raises(openai.ConflictError):  # the same key for another request
+        _create(client, file_id, metadata={"x": "y"}, extra_headers={"Idempotency-Key": "job-1"})
+    ids = [first.id] + [_create(client, file_id).id for _ in range(4)]
+    page = client.batches.list(limit=2)
+    assert [b.id for b in page.data] == ids[::-1][:2] and page.has_more
+    rest = client.batches.list(limit=2, after=page.data[-1].id)
+    assert [b.id for b in rest.data] == ids[::-1][2:4] and rest.has_more
+    assert [b.id for b in client.batches.list()] == ids[::-1]  # the SDK follows the pages
+    with pytest.raises(openai.BadRequestError):
+        client.batches.list(limit=101)
+    uploaded = [file_id, _upload(client, [_line("b")], name="second.jsonl")]
+    listed = client.files.list(purpose="batch")
+    assert [f.id for f in listed.data][:2] == uploaded[::-1]
+    for batch_id in ids:
+        _until(client, batch_id, _finished)
+
+
+def test_a_result_from_a_worker_that_lost_its_claim_is_neither_stored_nor_billed(
+    spot: World,
+) -> None:
+    """A worker whose lease ran out (it hung, or was partitioned away) and whose lines were
+    claimed again: when it comes back with an answer, nothing of it is stored or billed."""
+    tenant, _ = spot.tenant()
+    # A batch still "validating" (fresh): the stack's own worker leaves its lines alone.
+    batch = Batch.objects.create(
+        tenant=tenant,
+        api_key=ApiKey.objects.get(tenant=tenant),
+        input_file_id="file-x",
+        endpoint="/v1/chat/completions",
+        expires_at=timezone.now() + timedelta(hours=24),
+    )
+    line = Line.objects.create(batch=batch, number=1, custom_id="late", body={})
+    (mine,) = _claim(batch.pk, "worker-a", 1)
+    Line.objects.filter(pk=line.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
+    (theirs,) = _claim(batch.pk, "worker-b", 1)  # the lease ran out: another worker takes it
+    assert theirs.pk == mine.pk == line.pk
+    now = timezone.now()
+    record = UsageRecord_(
+        request_id="late-answer",
+        tenant_id=tenant.pk,
+        api_key_id=batch.api_key_id,
+        model="tiny-chat",
+        endpoint="chat.completions",
+        mode="batch",
+        status="ok",
+        prompt_tokens=5,
+        completion_tokens=3,
+        started_at=now,
+        finished_at=now,
+    )
+    assert not _store(mine, "worker-a", 200, {"usage": {}}, record)
+    assert not UsageRecord.objects.filter(request_id="late-answer").exists()
+    assert Line.objects.get(pk=line.pk).state == Line.State.RUNNING  # still worker-b's
+    assert _store(theirs, "worker-b", 200, {"usage": {}}, record)
+    assert UsageRecord.objects.filter(request_id="late-answer").count() == 1
+    assert Line.objects.get(pk=line.pk).state == Line.State.DONE
