@@ -37,7 +37,8 @@ def _not_allowed(request: HttpRequest) -> ApiError:
 
 
 def v1(methods: set[str]) -> Callable[[Callable[..., HttpResponseBase]], View]:
-    """The API key checked (401 otherwise), the method checked, ApiError answered."""
+    """The API key checked (401 otherwise) and its ``batch`` scope (403), the method checked,
+    ApiError answered."""
 
     def wrap(view: Callable[..., HttpResponseBase]) -> View:
         @csrf_exempt
@@ -56,6 +57,13 @@ def v1(methods: set[str]) -> Callable[[Callable[..., HttpResponseBase]], View]:
                             code="missing_api_key",
                         )
                     raise invalid_api_key(raw)
+                if ApiKey.Scope.BATCH not in key.scopes:
+                    raise ApiError(
+                        403,
+                        "This API key does not have the 'batch' scope.",
+                        type="permission_error",
+                        code="insufficient_scope",
+                    )
                 if request.method not in methods:
                     raise _not_allowed(request)
                 return view(request, key, *args, **kwargs)

@@ -130,6 +130,8 @@ def test_compose_has_every_service() -> None:
         "migrate",
         "web",
         "worker",
+        "worker-adapters",
+        "worker-batch",
         "beat",
         "vllm-online",
         "vllm-batch",
@@ -200,6 +202,37 @@ def test_compose_start_order() -> None:
 
 
 # --- Dockerfile ------------------------------------------------------------------------------
+
+
+def test_every_celery_queue_has_a_worker_everywhere() -> None:
+    """A task routed to a queue no worker reads waits forever: each queue of the routes has
+    a worker under make run (Procfile), in docker-compose.yml and in Kubernetes."""
+    from django.conf import settings
+
+    queues = {"celery"} | {route["queue"] for route in settings.CELERY_TASK_ROUTES.values()}
+
+    def read(command: list[str]) -> set[str]:
+        if "worker" not in command:
+            return set()
+        if "-Q" not in command:
+            return {"celery"}  # Celery's default queue
+        return set(command[command.index("-Q") + 1].split(","))
+
+    procfile = set()
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        procfile |= read(line.partition(":")[2].split())
+    compose = set()
+    for service in _compose()["services"].values():
+        command = service.get("command")
+        compose |= read(command) if isinstance(command, list) else set()
+    k8s = set()
+    for doc in _base_docs():
+        if doc["kind"] == "Deployment":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                k8s |= read(container.get("command") or [])
+    assert queues <= procfile, queues - procfile
+    assert queues <= compose, queues - compose
+    assert queues <= k8s, queues - k8s
 
 
 def test_dockerfile_is_multi_stage_non_root_and_collects_static() -> None:
@@ -502,7 +535,7 @@ def test_only_web_and_worker_pods_reach_the_engines() -> None:
         for peer in rule["from"]
         if set(peer) == {"podSelector"} and _selects(peer["podSelector"], labels)
     }
-    assert allowed == {"inferplane-web", "inferplane-worker"}
+    assert allowed == {"inferplane-web", "inferplane-worker", "inferplane-worker-batch"}
     assert [p["port"] for p in rule["ports"]] == [8000]
 
 

@@ -28,6 +28,7 @@ from inference.catalog import catalog_publish
 from inference.models import Model, Replica
 from inference.services import pool_ensure, replica_probe
 from tenants.models import ApiKey
+from tenants.services import api_key_create
 from tests.engines import Engine
 from tests.live import wait_for
 from tests.serving import World, world
@@ -303,7 +304,7 @@ def test_a_line_run_twice_is_stored_and_billed_once(spot: World) -> None:
 
 
 def test_parameter_errors_are_a_400_and_other_tenants_objects_a_404(spot: World) -> None:
-    _, key = spot.tenant()
+    owner, key = spot.tenant()
     _, other_key = spot.tenant()
     client, other = _client(spot, key), _client(spot, other_key)
     file_id = _upload(client, [_line("a")])
@@ -343,6 +344,14 @@ def test_parameter_errors_are_a_400_and_other_tenants_objects_a_404(spot: World)
     with pytest.raises(openai.NotFoundError):
         other.batches.cancel(batch.id)
     assert [b.id for b in other.batches.list()] == []
+    inference_only = api_key_create(
+        tenant=owner,
+        name="online only",
+        created_by=None,
+        scopes=["inference"],
+    )
+    with pytest.raises(openai.PermissionDeniedError):
+        _client(spot, inference_only.secret).files.list()
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(
             api_key="sk-ip-nope", base_url=spot.stack.url + "/v1", max_retries=0
