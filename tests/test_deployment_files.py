@@ -691,6 +691,26 @@ def test_worker_scales_on_the_celery_queue() -> None:
     assert scaled["spec"]["minReplicaCount"] >= 1
 
 
+def test_spot_engines_scale_to_zero_on_the_batch_lines_to_run() -> None:
+    docs = _load_all(K8S / "components" / "keda-batch" / "scaledobject.yaml")
+    engines = _find(docs, "ScaledObject", "vllm-batch")
+    assert engines["spec"]["scaleTargetRef"]["name"] == "vllm-batch"
+    assert engines["spec"]["minReplicaCount"] == 0
+    (trigger,) = engines["spec"]["triggers"]
+    assert trigger["type"] == "postgresql"
+    query = trigger["metadata"]["query"]
+    # The query names our tables and states: it must keep up with the models.
+    from batches.models import Batch, Line
+
+    assert Line._meta.db_table in query and Batch._meta.db_table in query
+    for state in (Line.State.PENDING, Line.State.RUNNING):
+        assert f"'{state}'" in query
+    workers = _find(docs, "ScaledObject", "inferplane-worker-batch")
+    (trigger,) = workers["spec"]["triggers"]
+    assert trigger["metadata"]["listName"] == "batch"
+    assert workers["spec"]["minReplicaCount"] >= 1  # the sweeper runs on that queue
+
+
 def test_prometheus_alerts_on_queued_requests() -> None:
     (rule,) = _load_all(K8S / "monitoring" / "prometheusrule.yaml")
     rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
@@ -754,7 +774,9 @@ def test_production_overlay_builds(tmp_path: Path) -> None:
         assert names == {drain["metadata"]["name"]}, pool
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"} >= {"vllm-engines"}
 
-    # KEDA owns the worker's replica count, the HPA the web's.
+    # KEDA owns the workers' and the spot engines' replica counts, the HPA the web's.
     worker = _find(docs, "Deployment", "inferplane-worker")
     assert "replicas" not in worker["spec"]
+    for name in ("inferplane-worker-batch", "vllm-batch"):
+        assert "replicas" not in _find(docs, "Deployment", name)["spec"], name
     assert "replicas" not in _find(docs, "Deployment", "inferplane-web")["spec"]

@@ -1,6 +1,7 @@
-"""Batches when processes die mid-work: the Celery worker killed with SIGKILL while its
-lines run. Every line ends answered exactly once, and the ledger holds exactly the output.
-A module of its own: its stack is the only one whose worker takes batch work."""
+"""Batches when processes die mid-work: the Celery worker, or the spot pool's engine,
+killed with SIGKILL while lines run. Every line ends answered exactly once, and the ledger
+holds exactly the output. A module of its own: its stacks are the only ones whose workers
+take batch work."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from inference.services import pool_ensure, replica_probe
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create
 from tests.batches.test_batches import _content, _create, _finished, _line, _until, _upload
-from tests.engines import Engine
+from tests.conftest import run_manage
+from tests.engines import Engine, engine_start
 from tests.live import worker_start
 from tests.serving import world_rows
 
@@ -87,3 +89,55 @@ def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(
         o["response"]["request_id"] for o in output
     )
     assert Line.objects.filter(batch_id=created.id, attempts__gt=1).exists()  # some ran again
+
+
+def test_a_spot_engine_killed_mid_batch_costs_a_retry_not_a_line(
+    transactional_db: None, engine: Engine, serving_db_url: str, stack_factory: Any
+) -> None:
+    """The batch pool's only engine dies like a lost spot VM (SIGKILL) while lines run; an
+    operator adds a replica (``manage.py replica add``). The lines in flight are requeued,
+    not failed, and run on the new replica: every line once, ledger = output."""
+    doomed = engine_start()
+    try:
+        doomed.wait_ready()
+        world_rows([engine])
+        pool = pool_ensure(
+            name="spot",
+            kind="spot",
+            model=Model.objects.get(name="tiny-chat"),
+            replica_urls=[doomed.url],
+        )
+        Pool.objects.filter(pk=pool.pk).update(max_inflight=4)
+        for replica in pool.replicas.all():
+            replica_probe(replica=replica)
+        catalog_publish()
+        stack = stack_factory(serving_db_url, name="batch-spot")
+        tenant, key = _tenant()
+        client = openai.OpenAI(api_key=key, base_url=stack.url + "/v1", max_retries=0)
+        n = 24
+        lines = [_line(f"s{i}", max_tokens=96, ignore_eos=True) for i in range(n)]
+        created = _create(client, _upload(client, lines))
+        _until(
+            client,
+            created.id,
+            lambda b: b.request_counts is not None and b.request_counts.completed >= 2,
+        )
+        added = run_manage(
+            "replica", "add", "spot", engine.url, env={"REDIS_URL": stack.env["REDIS_URL"]}
+        )
+        assert added.returncode == 0, added.stderr
+        doomed.kill()
+        batch = _until(client, created.id, _finished, timeout=240)
+    finally:
+        doomed.stop()
+    assert batch.status == "completed", batch
+    assert batch.request_counts.model_dump() == {"total": n, "completed": n, "failed": 0}
+    output = _content(client, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(f"s{i}" for i in range(n))
+    ledger = UsageRecord.objects.filter(tenant=tenant)
+    assert sorted(ledger.values_list("request_id", flat=True)) == sorted(
+        o["response"]["request_id"] for o in output
+    )
+    new = Replica.objects.get(pool__name="spot", url=engine.url)
+    assert ledger.filter(replica=new.name).exists()  # the requeued lines ran on the new one
+    assert Line.objects.filter(batch_id=created.id, attempts__gt=1).exists()
