@@ -128,6 +128,7 @@ bench: setup
 	$(PY) -m bench.ledger
 	$(PY) -m bench.lora
 	$(PY) -m bench.dashboard
+	$(PY) -m bench.batch
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -93,8 +93,12 @@ class Batch(models.Model):
     expired_at = models.DateTimeField(null=True, blank=True)
     cancelling_at = models.DateTimeField(null=True, blank=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
-    # Internal: when its files began to be written (whatever it ends as); one writer at a time.
+    # Internal leases, each held by one worker at a time: validating the file, running lines
+    # (a chain of run tasks), writing the files (its stamp: whoever set it last writes).
+    validating_until = models.DateTimeField(null=True, blank=True)
+    running_until = models.DateTimeField(null=True, blank=True)
     ending_at = models.DateTimeField(null=True, blank=True)
+    ending_as = models.CharField(max_length=16, blank=True)  # the status it is ending as
 
     class Meta:
         indexes = [

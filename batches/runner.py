@@ -33,7 +33,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from batches.models import Batch, Line
-from batches.services import ENDPOINTS
+from batches.services import ENDPOINTS, error_body
 from billing.services import usage_records_insert
 from contract import UsageRecord
 from inference.api.auth import KeyInfo, key_info_from_db
@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = 2.0  # a line that met a passing failure waits this long, then more
 PERMANENT = frozenset(range(400, 500)) - {408, 409, 429}
+CANCELLED = error_body("batch_cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,10 @@ def batch_run(*, batch_id: str, seconds: float | None = None) -> str:
     if plan is None:
         return "idle"
     budget = seconds if seconds is not None else settings.INFERPLANE_BATCH_RUN_SECONDS
+    # This run chain holds the batch: the sweeper leaves it alone until the time is up.
+    Batch.objects.filter(pk=batch_id).update(
+        running_until=timezone.now() + timedelta(seconds=budget + 60)
+    )
     token = uuid.uuid4().hex
     _event_loop().run_until_complete(_drive(plan, token, time.monotonic() + budget))
     from batches.services import batch_finish_if_done
@@ -113,8 +118,10 @@ def _claim(batch_id: str, token: str, n: int) -> list[Claimed]:
     abandoned = Q(state=Line.State.RUNNING, lease_until__lt=now)
     with transaction.atomic():
         ids = list(
-            Line.objects.select_for_update(skip_locked=True)
-            .filter(Q(batch_id=batch_id) & (ready | abandoned))
+            Line.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(
+                Q(batch_id=batch_id, batch__status=Batch.Status.IN_PROGRESS) & (ready | abandoned)
+            )
             .order_by("number")
             .values_list("pk", flat=True)[:n]
         )
@@ -132,41 +139,82 @@ def _renew(token: str, pks: list[int]) -> None:
     Line.objects.filter(pk__in=pks, owner=token, state=Line.State.RUNNING).update(lease_until=lease)
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    line: Claimed
+    status: int
+    body: dict[str, Any]
+    record: UsageRecord | None
+
+
 def _store(
     line: Claimed, token: str, status: int, body: dict[str, Any], record: UsageRecord | None
 ) -> bool:
-    """The line's answer, with its usage, if this run still owns the line (False if not: it
-    was reclaimed after our lease ran out, or the batch expired meanwhile)."""
-    if status != 200 and status not in PERMANENT:
-        pause = RETRY_AFTER_SECONDS * min(line.attempts, 30)
-        back = Line.objects.filter(pk=line.pk, owner=token, state=Line.State.RUNNING).update(
+    """One line's answer (see ``_store_many``)."""
+    return _store_many(token, [Answer(line, status, body, record)]) == 1
+
+
+def _store_many(token: str, answers: list[Answer]) -> int:
+    """Lines' answers, each with its usage, for the lines this run still owns (one it lost —
+    reclaimed after our lease ran out, or expired with its batch — is neither stored nor
+    billed): the lines' results and the ledger's records in one transaction. Passing
+    failures put their line back. Returns how many answers were kept."""
+    kept = 0
+    final: list[Answer] = []
+    for answer in answers:
+        if answer.status == 200 or answer.status in PERMANENT:
+            final.append(answer)
+            continue
+        mine = Line.objects.filter(pk=answer.line.pk, owner=token, state=Line.State.RUNNING)
+        # The batch was cancelled meanwhile: the line will not run again.
+        if mine.filter(batch__status=Batch.Status.CANCELLING).update(
+            state=Line.State.CANCELLED, owner="", lease_until=None, response=CANCELLED
+        ):
+            kept += 1
+            continue
+        pause = RETRY_AFTER_SECONDS * min(answer.line.attempts, 30)
+        kept += mine.update(
             state=Line.State.PENDING,
             owner="",
             lease_until=timezone.now() + timedelta(seconds=pause),
         )
-        return bool(back)
-    usage = body.get("usage") if status == 200 else None
+    if not final:
+        return kept
     with transaction.atomic():
-        stored = Line.objects.filter(pk=line.pk, owner=token, state=Line.State.RUNNING).update(
-            state=Line.State.DONE if status == 200 else Line.State.FAILED,
-            owner="",
-            lease_until=None,
-            result_id="batch_req_" + secrets.token_hex(12),
-            status_code=status,
-            request_id=record.request_id if record is not None else "",
-            response=body,
-            prompt_tokens=record.prompt_tokens if record else (usage or {}).get("prompt_tokens", 0),
-            completion_tokens=record.completion_tokens if record else 0,
-            cached_tokens=record.cached_tokens if record else 0,
-        )
-        if stored and record is not None:
-            usage_records_insert([record])
-    return bool(stored)
+        billed = []
+        for answer in final:
+            record = answer.record
+            stored = Line.objects.filter(
+                pk=answer.line.pk, owner=token, state=Line.State.RUNNING
+            ).update(
+                state=Line.State.DONE if answer.status == 200 else Line.State.FAILED,
+                owner="",
+                lease_until=None,
+                result_id="batch_req_" + secrets.token_hex(12),
+                status_code=answer.status,
+                request_id=record.request_id if record is not None else "",
+                response=answer.body,
+                prompt_tokens=record.prompt_tokens if record else 0,
+                completion_tokens=record.completion_tokens if record else 0,
+                cached_tokens=record.cached_tokens if record else 0,
+            )
+            kept += stored
+            if stored and record is not None:
+                billed.append(record)
+        if billed:
+            usage_records_insert(billed)
+    return kept
 
 
-async def _run_line(plan: Plan, line: Claimed, token: str) -> None:
+async def _run_line(plan: Plan, line: Claimed, begun: set[int]) -> Answer:
     records: list[UsageRecord] = []
-    if plan.key is None:
+    if (
+        plan.key is not None
+        and plan.key.expires_at is not None
+        and plan.key.expires_at <= time.time()
+    ):
+        status, body = 401, invalid_api_key("(expired)").body()
+    elif plan.key is None:
         status, body = 401, invalid_api_key("(revoked)").body()
     elif not plan.pool:
         status, body = 503, {"error": {"message": "no batch pool", "type": "server_error"}}
@@ -178,35 +226,74 @@ async def _run_line(plan: Plan, line: Claimed, token: str) -> None:
             pool=plan.pool,
             mode="batch",
             ledger=records.append,
+            admitted=lambda: begun.add(line.pk),
         )
-    await run_db(_store, line, token, status, body, records[0] if records else None)
+    return Answer(line, status, body, records[0] if records else None)
+
+
+def _batch_state(batch_id: str) -> tuple[str, bool]:
+    """(status, whether its ending began)."""
+    row = Batch.objects.filter(pk=batch_id).values_list("status", "ending_at").first()
+    return ("", True) if row is None else (row[0], row[1] is not None)
+
+
+FLUSH_EVERY = 32  # answers stored per transaction at most
+FLUSH_SECONDS = 0.5  # and none waits longer than this to be stored
+CHECK_SECONDS = 1.0  # how often a run looks whether its batch was cancelled or expired
 
 
 async def _drive(plan: Plan, token: str, deadline: float) -> None:
-    """Keep lines in flight until none is left to claim, or the time is up."""
+    """Keep lines in flight until none is left to claim, or the time is up; store answers
+    in groups (one transaction, one ledger insert each)."""
     width = settings.INFERPLANE_BATCH_CONCURRENCY
     if plan.key is not None and plan.key.limit("max_concurrency"):
         # More would only be refused (429) and come back later: stay inside the limit.
         width = min(width, plan.key.limit("max_concurrency"))
-    running: dict[asyncio.Task[None], int] = {}
+    running: dict[asyncio.Task[Answer], int] = {}
+    answered: list[Answer] = []
+    begun: set[int] = set()  # lines past admission: on an engine, they finish
     renew_every = settings.INFERPLANE_BATCH_LEASE_SECONDS / 3
-    renewed = time.monotonic()
+    renewed = flushed = looked = time.monotonic()
     exhausted = False
     while True:
+        if running and time.monotonic() - looked > CHECK_SECONDS:
+            looked = time.monotonic()
+            status, ending = await run_db(_batch_state, plan.batch_id)
+            if ending or status != Batch.Status.IN_PROGRESS:
+                # Cancelled: lines still waiting for a replica will not run (those on an
+                # engine finish). Expired or finished: nothing of ours will be kept.
+                exhausted = True
+                for task, pk in running.items():
+                    if ending or pk not in begun:
+                        task.cancel()
         if not exhausted and time.monotonic() < deadline and len(running) < width:
             claimed = await run_db(_claim, plan.batch_id, token, width - len(running))
             exhausted = not claimed
             for line in claimed:
-                running[asyncio.ensure_future(_run_line(plan, line, token))] = line.pk
+                running[asyncio.ensure_future(_run_line(plan, line, begun))] = line.pk
+        if answered and (
+            not running
+            or len(answered) >= FLUSH_EVERY
+            or time.monotonic() - flushed > FLUSH_SECONDS
+        ):
+            await run_db(_store_many, token, answered)
+            answered, flushed = [], time.monotonic()
         if not running:
             return
-        done, _ = await asyncio.wait(running, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            running, timeout=FLUSH_SECONDS, return_when=asyncio.FIRST_COMPLETED
+        )
         for task in done:
-            running.pop(task)
-            if task.exception() is not None:  # its line stays claimed: the lease brings it back
+            pk = running.pop(task)
+            if task.cancelled():  # the batch stopped before the line began (see above)
+                line = Claimed(pk, {}, 0)
+                answered.append(Answer(line, 0, {}, None))
+            elif task.exception() is not None:  # stays claimed: the lease brings it back
                 log.error(
                     "batch %s: a line failed to run", plan.batch_id, exc_info=task.exception()
                 )
-        if time.monotonic() - renewed > renew_every and running:
-            await run_db(_renew, token, list(running.values()))
+            else:
+                answered.append(task.result())
+        if time.monotonic() - renewed > renew_every and (running or answered):
+            await run_db(_renew, token, [*running.values(), *(a.line.pk for a in answered)])
             renewed = time.monotonic()

@@ -4,12 +4,13 @@ the way. Every status change goes through here, under the batch's row lock."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import secrets
 import tempfile
 from collections.abc import Iterable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -129,6 +130,8 @@ def _check_metadata(metadata: Any) -> dict[str, str] | None:
                 f"A `metadata` value is a string of at most {MAX_METADATA_VALUE} characters.",
                 param="metadata",
             )
+        if "\x00" in key or "\x00" in value:
+            raise invalid_request("`metadata` may not contain NUL characters.", param="metadata")
     return dict(metadata)
 
 
@@ -154,6 +157,8 @@ def batch_create(
             "Invalid `completion_window`: only `24h` is supported.", param="completion_window"
         )
     metadata = _check_metadata(params.get("metadata"))
+    if idempotency_key is not None and (len(idempotency_key) > 255 or "\x00" in idempotency_key):
+        raise invalid_request("An Idempotency-Key is at most 255 characters.")
     fingerprint = hashlib.sha256(
         orjson.dumps([input_file_id, endpoint, metadata], option=orjson.OPT_SORT_KEYS)
     ).hexdigest()
@@ -182,10 +187,8 @@ def batch_create(
     try:
         with transaction.atomic():
             batch.save(force_insert=True)
-            from batches.tasks import batch_validate_task
-
             pk = batch.pk
-            transaction.on_commit(lambda: batch_validate_task.delay(pk))
+            transaction.on_commit(lambda: _wake(pk, validate=True))
     except IntegrityError:  # the same key, created by a concurrent retry
         seen = Batch.objects.get(tenant=tenant, idempotency_key=idempotency_key)
         return _replayed(seen, fingerprint), False
@@ -216,9 +219,34 @@ class _Errors:
             self.data.append({"code": code, "message": message, "param": param, "line": line})
 
 
-def _lines(path: str) -> Iterable[tuple[int, bytes]]:
+def _shown(value: Any, most: int = 80) -> str:
+    """A user's value in a message, cut short (it may be up to a line's size)."""
+    text = str(value)
+    return text if len(text) <= most else text[:most] + "…"
+
+
+def _lines(path: str, errors: _Errors) -> Iterable[tuple[int, bytes]]:
+    """The non-blank lines of a stored file, each read up to the line limit (a longer one
+    is noted as an error and skipped, never held whole)."""
+    limit = settings.INFERPLANE_BATCH_MAX_LINE_BYTES
     with default_storage.open(path, "rb") as stream:
-        for number, raw in enumerate(stream, start=1):
+        number = 0
+        while True:
+            raw = stream.readline(limit + 1)
+            if not raw:
+                return
+            number += 1
+            if len(raw) > limit and not raw.endswith(b"\n"):
+                size = len(raw)
+                while raw and not raw.endswith(b"\n"):  # the rest of the line, unkept
+                    raw = stream.readline(1 << 20)
+                    size += len(raw)
+                errors.add(
+                    "line_too_large",
+                    f"The line is {size:,} bytes or more; a line is at most {limit:,}.",
+                    line=number,
+                )
+                continue
             if raw.strip():
                 yield number, raw
 
@@ -226,12 +254,9 @@ def _lines(path: str) -> Iterable[tuple[int, bytes]]:
 def _check_line(
     raw: bytes, number: int, batch: Batch, errors: _Errors, seen: set[str], models: set[str]
 ) -> tuple[str, dict[str, Any]] | None:
-    if len(raw) > settings.INFERPLANE_BATCH_MAX_LINE_BYTES:
+    if b"\\u0000" in raw.lower() or b"\x00" in raw:
         errors.add(
-            "line_too_large",
-            f"The line is {len(raw):,} bytes; a line is at most "
-            f"{settings.INFERPLANE_BATCH_MAX_LINE_BYTES:,}.",
-            line=number,
+            "invalid_json_line", "A line may not contain NUL characters (\\u0000).", line=number
         )
         return None
     try:
@@ -254,7 +279,7 @@ def _check_line(
     if custom_id in seen:
         errors.add(
             "duplicate_custom_id",
-            f"The custom_id `{custom_id}` is used by an earlier line.",
+            f"The custom_id `{_shown(custom_id)}` is used by an earlier line.",
             line=number,
             param="custom_id",
         )
@@ -268,7 +293,8 @@ def _check_line(
     if item.get("url") != batch.endpoint:
         errors.add(
             "url_mismatch",
-            f"The line's url `{item.get('url')}` is not the batch's endpoint `{batch.endpoint}`.",
+            f"The line's url `{_shown(item.get('url'))}` is not the batch's endpoint "
+            f"`{batch.endpoint}`.",
             line=number,
             param="url",
         )
@@ -290,15 +316,31 @@ def _check_line(
             param="body.stream",
         )
         return None
+    if len(body["model"]) > 200:
+        errors.add(
+            "invalid_request",
+            "A `model` name is at most 200 characters.",
+            line=number,
+            param="body.model",
+        )
+        return None
     models.add(body["model"])
     return custom_id, body
 
 
 def batch_validate(*, batch_id: str) -> Batch:
     """Read the input file once, line by line: a file with any bad line fails the batch with
-    each problem and its line number; a good one becomes lines to run."""
+    each problem and its line number; a good one becomes lines to run. One validator at a
+    time (a lease on the batch: a redelivered or swept task finds it held and leaves)."""
+    now = timezone.now()
+    lease = now + timedelta(seconds=settings.INFERPLANE_BATCH_LEASE_SECONDS)
+    held = (
+        Batch.objects.filter(pk=batch_id, status=Batch.Status.VALIDATING)
+        .filter(Q(validating_until__isnull=True) | Q(validating_until__lt=now))
+        .update(validating_until=lease)
+    )
     batch = Batch.objects.select_related("tenant").get(pk=batch_id)
-    if batch.status != Batch.Status.VALIDATING:
+    if not held:
         return batch
     errors = _Errors()
     source = File.objects.filter(tenant=batch.tenant, pk=batch.input_file_id).first()
@@ -310,7 +352,7 @@ def batch_validate(*, batch_id: str) -> Batch:
     Line.objects.filter(batch=batch).delete()  # a validation interrupted half-way
     pending: list[Line] = []
     total = 0
-    for number, raw in _lines(source.path):
+    for number, raw in _lines(source.path, errors):
         total += 1
         if total > settings.INFERPLANE_BATCH_MAX_LINES:
             errors.add(
@@ -326,13 +368,13 @@ def batch_validate(*, batch_id: str) -> Batch:
         if len(pending) >= INSERT_CHUNK:
             Line.objects.bulk_create(pending)
             pending = []
-    if total == 0:
+    if total == 0 and not errors.count:
         errors.add("empty_file", "The input file has no requests.", line=None)
     if len(models) > 1:
         errors.add(
             "model_mismatch",
             "Every line of a batch names the same model; this file names "
-            + ", ".join(f"`{m}`" for m in sorted(models)[:5])
+            + ", ".join(f"`{_shown(m)}`" for m in sorted(models)[:5])
             + ".",
             line=None,
             param="body.model",
@@ -343,14 +385,14 @@ def batch_validate(*, batch_id: str) -> Batch:
         if callable_now is None:
             errors.add(
                 "model_not_found",
-                f"The model `{model}` does not exist or you do not have access to it.",
+                f"The model `{_shown(model)}` does not exist or you do not have access to it.",
                 line=None,
                 param="body.model",
             )
         elif callable_now.pool is None:
             errors.add(
                 "model_not_found",
-                f"No batch pool serves `{model}`.",
+                f"No batch pool serves `{_shown(model)}`.",
                 line=None,
                 param="body.model",
             )
@@ -360,29 +402,50 @@ def batch_validate(*, batch_id: str) -> Batch:
     Line.objects.bulk_create(pending)
     with transaction.atomic():
         locked = Batch.objects.select_for_update().get(pk=batch.pk)
-        if locked.status != Batch.Status.VALIDATING:  # cancelled meanwhile
+        if locked.validating_until != lease:  # we were too slow: another validator took over
+            return locked
+        if locked.status == Batch.Status.CANCELLING and locked.ending_at is None:
             Line.objects.filter(batch=batch, state=Line.State.PENDING).update(
-                state=Line.State.CANCELLED
+                state=Line.State.CANCELLED, response=error_body("batch_cancelled")
             )
+            locked.model = model
+            locked.save(update_fields=["model"])
             return _settle_cancelled(locked)
+        if locked.status != Batch.Status.VALIDATING:
+            return locked
         locked.status = Batch.Status.IN_PROGRESS
         locked.in_progress_at = timezone.now()
         locked.model = model
         locked.save(update_fields=["status", "in_progress_at", "model"])
-        from batches.tasks import batch_run_task
-
         pk = locked.pk
-        transaction.on_commit(lambda: batch_run_task.delay(pk))
+        transaction.on_commit(lambda: _wake(pk))
     return locked
 
 
+def _wake(batch_id: str, *, validate: bool = False) -> None:
+    """Queue the batch's validation or a run; if the broker cannot take it now, the sweeper
+    will (the change that asked for it is committed either way)."""
+    from batches.tasks import batch_run_task, batch_validate_task
+
+    try:
+        (batch_validate_task if validate else batch_run_task).delay(batch_id)
+    except Exception:
+        log.warning("could not queue work for %s: the sweeper will", batch_id, exc_info=True)
+
+
 def _fail(batch: Batch, errors: _Errors, *, model: str = "") -> Batch:
+    """The file is bad: the batch fails, unless it was cancelled meanwhile (then it is)."""
     with transaction.atomic():
         locked = Batch.objects.select_for_update().get(pk=batch.pk)
+        if locked.status == Batch.Status.CANCELLING and locked.ending_at is None:
+            Line.objects.filter(batch=locked).delete()
+            return _settle_cancelled(locked)
+        if locked.status != Batch.Status.VALIDATING:
+            return locked
         locked.status = Batch.Status.FAILED
         locked.failed_at = timezone.now()
         locked.errors = errors.data
-        locked.model = model
+        locked.model = model[:200]
         locked.save(update_fields=["status", "failed_at", "errors", "model"])
     return locked
 
@@ -408,16 +471,14 @@ def batch_cancel(*, batch: Batch) -> Batch:
         locked.cancelling_at = timezone.now()
         locked.save(update_fields=["status", "cancelling_at"])
         Line.objects.filter(batch=locked, state=Line.State.PENDING).update(
-            state=Line.State.CANCELLED, response=_error_body("batch_cancelled")
+            state=Line.State.CANCELLED, response=error_body("batch_cancelled")
         )
-        from batches.tasks import batch_run_task
-
         pk = locked.pk
-        transaction.on_commit(lambda: batch_run_task.delay(pk))
+        transaction.on_commit(lambda: _wake(pk))
     return locked
 
 
-def _error_body(code: str) -> dict[str, Any]:
+def error_body(code: str) -> dict[str, Any]:
     messages = {
         "batch_cancelled": "The batch was cancelled before this request ran.",
         "batch_expired": "The batch expired before this request completed.",
@@ -426,11 +487,13 @@ def _error_body(code: str) -> dict[str, Any]:
 
 
 def batches_expire() -> int:
-    """Batches past their window: what has not finished expires (never billed)."""
+    """Batches past their window: what has not finished expires (never billed); their files
+    are written by the batch worker (``batch_finalize_task``)."""
     expired = 0
     due = Batch.objects.filter(
         expires_at__lt=timezone.now(),
         status__in=(Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING),
+        ending_at__isnull=True,
     ).values_list("pk", flat=True)
     for pk in due:
         with transaction.atomic():
@@ -439,11 +502,20 @@ def batches_expire() -> int:
                 continue
             Line.objects.filter(
                 batch=locked, state__in=(Line.State.PENDING, Line.State.RUNNING)
-            ).update(state=Line.State.EXPIRED, owner="", response=_error_body("batch_expired"))
+            ).update(state=Line.State.EXPIRED, owner="", response=error_body("batch_expired"))
             _begin_ending(locked, Batch.Status.EXPIRED)
-        _write_files(locked, final=Batch.Status.EXPIRED)
+            transaction.on_commit(functools.partial(_finalize_later, locked.pk))
         expired += 1
     return expired
+
+
+def _finalize_later(batch_id: str) -> None:
+    from batches.tasks import batch_finalize_task
+
+    try:
+        batch_finalize_task.delay(batch_id)
+    except Exception:
+        log.warning("could not queue the files of %s: the sweeper will", batch_id, exc_info=True)
 
 
 def batch_finish_if_done(*, batch_id: str) -> bool:
@@ -457,6 +529,17 @@ def batch_finish_if_done(*, batch_id: str) -> bool:
             Batch.Status.CANCELLING,
         ):
             return False
+        now = timezone.now()
+        if locked.in_progress_at is None and (
+            locked.validating_until is not None and locked.validating_until > now
+        ):
+            return False  # cancelled while validating: the validator settles it
+        if locked.status == Batch.Status.CANCELLING:
+            # A line put back after the cancel, or one whose worker died: it will not run.
+            dead = Q(state=Line.State.RUNNING, lease_until__lt=now)
+            Line.objects.filter(batch=locked).filter(Q(state=Line.State.PENDING) | dead).update(
+                state=Line.State.CANCELLED, owner="", response=error_body("batch_cancelled")
+            )
         if Line.objects.filter(
             batch=locked, state__in=(Line.State.PENDING, Line.State.RUNNING)
         ).exists():
@@ -466,29 +549,53 @@ def batch_finish_if_done(*, batch_id: str) -> bool:
             if locked.status == Batch.Status.CANCELLING
             else Batch.Status.COMPLETED
         )
-        _begin_ending(locked, final)
-    _write_files(locked, final=final)
+        stamp = _begin_ending(locked, final)
+    _write_files(locked, final=final, stamp=stamp)
     return True
 
 
-def _begin_ending(locked: Batch, final: str) -> None:
-    """Under the batch's row lock: its files are being written from now on (one writer).
-    A batch about to complete shows ``finalizing`` meanwhile; one being cancelled or expired
-    keeps its status until it is ``cancelled`` or ``expired``, as OpenAI's do."""
+def _begin_ending(locked: Batch, final: str) -> datetime:
+    """Under the batch's row lock: its files are being written from now on, by whoever holds
+    this stamp. A batch about to complete shows ``finalizing`` meanwhile; one being
+    cancelled or expired keeps its status until it is ``cancelled`` or ``expired``, as
+    OpenAI's do."""
     now = timezone.now()
-    locked.ending_at = now
-    fields = ["ending_at"]
+    locked.ending_at, locked.ending_as = now, final
+    fields = ["ending_at", "ending_as"]
     if final == Batch.Status.COMPLETED:
         locked.status = Batch.Status.FINALIZING
         locked.finalizing_at = now
         fields += ["status", "finalizing_at"]
     locked.save(update_fields=fields)
+    return now
 
 
 def _settle_cancelled(batch: Batch) -> Batch:
-    _begin_ending(batch, Batch.Status.CANCELLED)
-    transaction.on_commit(lambda: _write_files(batch, final=Batch.Status.CANCELLED))
+    stamp = _begin_ending(batch, Batch.Status.CANCELLED)
+    pk = batch.pk
+    transaction.on_commit(lambda: _write_files_of(pk, stamp))
     return batch
+
+
+def _write_files_of(batch_id: str, stamp: datetime) -> None:
+    batch = Batch.objects.select_related("tenant").get(pk=batch_id)
+    _write_files(batch, final=batch.ending_as, stamp=stamp)
+
+
+def batch_finalize(*, batch_id: str) -> None:
+    """Write the files of a batch whose ending began (expired), or take over the writing
+    from a worker that began it and died (its stamp older than a lease)."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.INFERPLANE_BATCH_LEASE_SECONDS)
+    with transaction.atomic():
+        locked = Batch.objects.select_for_update().select_related("tenant").get(pk=batch_id)
+        if locked.status in Batch.FINISHED or locked.ending_at is None:
+            return
+        if locked.ending_at > stale and locked.ending_as != Batch.Status.EXPIRED:
+            return  # its writer may still be at it
+        locked.ending_at = now  # the writing is ours now: the other writer's result is void
+        locked.save(update_fields=["ending_at"])
+    _write_files(locked, final=locked.ending_as or Batch.Status.COMPLETED, stamp=now)
 
 
 def output_line(line: Line) -> bytes:
@@ -514,54 +621,61 @@ def output_line(line: Line) -> bytes:
     return orjson.dumps(item) + b"\n"
 
 
-def _write_files(batch: Batch, *, final: str) -> None:
+def _write_files(batch: Batch, *, final: str, stamp: datetime) -> None:
     """The output file (answered lines, in input order) and the error file (the others),
-    written line by line from the database to temporary files, then to storage."""
-    outputs = {"output": 0, "error": 0}
-    # A finalization cut short (its worker died) is done again from the start.
-    for earlier in File.objects.filter(
-        tenant=batch.tenant, filename__in=(f"{batch.id}_output.jsonl", f"{batch.id}_error.jsonl")
-    ):
-        file_delete(file=earlier)
-    with (
-        tempfile.TemporaryFile() as output,
-        tempfile.TemporaryFile() as error,
-    ):
+    written line by line from the database to temporary files, then to storage. Only the
+    holder of the ending's ``stamp`` links its files to the batch; a writer that lost its
+    stamp (another took over) removes its own, and the winner removes earlier attempts'."""
+    names = (f"{batch.id}_output.jsonl", f"{batch.id}_error.jsonl")
+    counts = {"output": 0, "error": 0}
+    with tempfile.TemporaryFile() as output, tempfile.TemporaryFile() as error:
         lines = Line.objects.filter(batch=batch).order_by("number").iterator(chunk_size=500)
         for line in lines:
             target = "output" if line.state == Line.State.DONE else "error"
             (output if target == "output" else error).write(output_line(line))
-            outputs[target] += 1
-        output_id = error_id = ""
-        if outputs["output"]:
-            output_id = file_store_output(
-                tenant=batch.tenant,
-                name=f"{batch.id}_output.jsonl",
-                content=output,
-                lines=outputs["output"],
-            ).id
-        if outputs["error"]:
-            error_id = file_store_output(
-                tenant=batch.tenant,
-                name=f"{batch.id}_error.jsonl",
-                content=error,
-                lines=outputs["error"],
-            ).id
-    now = timezone.now()
-    stamp = {
+            counts[target] += 1
+        made: list[File] = []
+        for target, content, name in (("output", output, names[0]), ("error", error, names[1])):
+            if counts[target]:
+                made.append(
+                    file_store_output(
+                        tenant=batch.tenant, name=name, content=content, lines=counts[target]
+                    )
+                )
+    output_id = next((f.id for f in made if f.filename == names[0]), "")
+    error_id = next((f.id for f in made if f.filename == names[1]), "")
+    stamp_field = {
         Batch.Status.COMPLETED: "completed_at",
         Batch.Status.CANCELLED: "cancelled_at",
         Batch.Status.EXPIRED: "expired_at",
     }[Batch.Status(final)]
-    Batch.objects.filter(pk=batch.pk, ending_at__isnull=False).exclude(
-        status__in=Batch.FINISHED
-    ).update(status=final, output_file_id=output_id, error_file_id=error_id, **{stamp: now})
+    linked = (
+        Batch.objects.filter(pk=batch.pk, ending_at=stamp)
+        .exclude(status__in=Batch.FINISHED)
+        .update(
+            status=final,
+            output_file_id=output_id,
+            error_file_id=error_id,
+            **{stamp_field: timezone.now()},
+        )
+    )
+    mine = {f.id for f in made}
+    if not linked:
+        for file in made:
+            file_delete(file=file)
+        return
+    for earlier in File.objects.filter(tenant=batch.tenant, filename__in=names).exclude(
+        pk__in=mine
+    ):
+        file_delete(file=earlier)
 
 
 def batches_stuck() -> list[str]:
-    """Batches with work nobody is doing: lines ready to run and none running on a live
-    lease, or lines whose lease ran out (their worker died); validating or finalizing for
-    longer than a lease. The sweeper wakes a worker for each."""
+    """Batches with work nobody is doing. Running ones (no run chain holds them): lines
+    ready to run and none on a live lease, lines whose lease ran out (their worker died), or
+    nothing left to run and no ending begun (the last worker died before finalizing).
+    Validating ones whose validator's lease ran out (or that never got one). Ending ones
+    whose writer's stamp is old. The sweeper wakes a worker for each."""
     now = timezone.now()
     stale = now - timedelta(seconds=settings.INFERPLANE_BATCH_LEASE_SECONDS)
     lines = Line.objects.filter(batch=OuterRef("pk"))
@@ -570,27 +684,34 @@ def batches_stuck() -> list[str]:
     )
     live = lines.filter(state=Line.State.RUNNING, lease_until__gte=now)
     dead = lines.filter(state=Line.State.RUNNING, lease_until__lt=now)
-    running = Batch.objects.filter(
-        status__in=(Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING)
-    ).filter((Exists(ready) & ~Exists(live)) | Exists(dead))
-    validating = Batch.objects.filter(status=Batch.Status.VALIDATING, created_at__lt=stale)
-    finalizing = Batch.objects.filter(ending_at__lt=stale).exclude(status__in=Batch.FINISHED)
+    unfinished = lines.filter(state__in=(Line.State.PENDING, Line.State.RUNNING))
+    running = (
+        Batch.objects.filter(
+            status__in=(Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING),
+            ending_at__isnull=True,
+        )
+        .filter(Q(running_until__isnull=True) | Q(running_until__lt=now))
+        .filter(
+            (Exists(ready) & ~Exists(live))
+            | Exists(dead)
+            | (~Exists(unfinished) & Q(in_progress_at__isnull=False))
+        )
+    )
+    validating = Batch.objects.filter(
+        status__in=(Batch.Status.VALIDATING, Batch.Status.CANCELLING), in_progress_at__isnull=True
+    ).filter(
+        Q(validating_until__lt=now)
+        | Q(validating_until__isnull=True, created_at__lt=now - timedelta(seconds=30))
+    )
+    ending = (
+        Batch.objects.filter(ending_at__isnull=False)
+        .exclude(status__in=Batch.FINISHED)
+        .filter(
+            Q(ending_at__lt=stale)
+            | Q(ending_as=Batch.Status.EXPIRED, ending_at__lt=now - timedelta(seconds=30))
+        )
+    )
     ids = set(running.values_list("pk", flat=True))
-    ids |= set(validating.values_list("pk", flat=True))
-    ids |= set(finalizing.values_list("pk", flat=True))
+    ids |= set(validating.exclude(ending_at__isnull=False).values_list("pk", flat=True))
+    ids |= set(ending.values_list("pk", flat=True))
     return sorted(ids)
-
-
-def batch_finalize_again(*, batch_id: str) -> None:
-    """Finish a finalization its worker did not (the files are written again)."""
-    batch = Batch.objects.select_related("tenant").get(pk=batch_id)
-    if batch.status in Batch.FINISHED or batch.ending_at is None:
-        return
-    lines = Line.objects.filter(batch=batch)
-    if batch.cancelling_at is not None:
-        final = Batch.Status.CANCELLED
-    elif lines.filter(state=Line.State.EXPIRED).exists():
-        final = Batch.Status.EXPIRED
-    else:
-        final = Batch.Status.COMPLETED
-    _write_files(batch, final=final)

@@ -1,6 +1,7 @@
-"""Thin tasks on the ``batch`` queue (its own worker: batch work never delays probes,
-metering or rollups). A message only wakes a worker; what to do is read from Postgres, so a
-message delivered twice, or lost with its worker, changes nothing (the sweeper re-wakes)."""
+"""Thin tasks. Batch work (validation, runs, files) is on the ``batch`` queue, its own worker:
+it never delays probes, metering or rollups. A message only wakes a worker: what to do is
+read from Postgres, so a message delivered twice, or lost with its worker, changes nothing
+(the sweeper, on the default queue, wakes work nobody is doing)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from celery import shared_task
 from batches.files import files_expired_delete
 from batches.models import Batch
 from batches.runner import batch_run
-from batches.services import batch_finalize_again, batch_validate, batches_expire, batches_stuck
+from batches.services import batch_finalize, batch_validate, batches_expire, batches_stuck
 
 
 @shared_task(ignore_result=True)
@@ -24,6 +25,11 @@ def batch_run_task(batch_id: str) -> None:
 
 
 @shared_task(ignore_result=True)
+def batch_finalize_task(batch_id: str) -> None:
+    batch_finalize(batch_id=batch_id)
+
+
+@shared_task(ignore_result=True)
 def batches_sweep_task() -> None:
     """Every few seconds: expire what is past its window, and wake a worker for every batch
     with work nobody is doing (a worker that died, a message that was lost)."""
@@ -33,9 +39,9 @@ def batches_sweep_task() -> None:
         if batch is None:
             continue
         if batch.ending_at is not None:
-            batch_finalize_again(batch_id=batch_id)
+            batch_finalize_task.delay(batch_id)
         elif batch.status == Batch.Status.VALIDATING:
             batch_validate_task.delay(batch_id)
-        else:
+        else:  # running, or cancelled while a validator that died held it
             batch_run_task.delay(batch_id)
     files_expired_delete()

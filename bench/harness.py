@@ -98,9 +98,13 @@ class Bench:
         _wait_http(f"{self.engine_url}/health", 300, self.processes[name], name)
         return self.engine_url
 
-    def start_gateway(self, *, workers: int = 1) -> str:
+    def start_gateway(
+        self, *, workers: int = 1, env: dict[str, str] | None = None, batch_workers: int = 0
+    ) -> str:
+        """Web, a Celery worker and beat; with ``batch_workers``, a worker of that many
+        processes on the batch queue too (as the Procfile's worker-batch)."""
         port = free_port()
-        env = {"DATABASE_URL": DB_URL, "REDIS_URL": REDIS_URL}
+        env = {"DATABASE_URL": DB_URL, "REDIS_URL": REDIS_URL, **(env or {})}
         cpus = "1" if self.pin else ""
         py = [sys.executable, "-m"]
         self.stop_gateway()
@@ -112,6 +116,13 @@ class Bench:
         worker += ["-Q", "celery,adapters"]  # adapter validation has a queue of its own
         worker += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
         self.processes["worker"] = _spawn(f"worker-{port}", [*py, *worker], env, cpus)
+        if batch_workers:
+            batch = ["celery", "-A", "controlplane", "worker", "-l", "warning", "-Q", "batch"]
+            batch += ["-n", "batch@%h", "--concurrency", str(batch_workers)]
+            batch += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
+            self.processes["worker-batch"] = _spawn(
+                f"worker-batch-{port}", [*py, *batch], env, cpus
+            )
         beat = ["celery", "-A", "controlplane", "beat", "-l", "warning"]
         beat += ["--schedule", str(LOGS / "beat-schedule")]
         self.processes["beat"] = _spawn(f"beat-{port}", [*py, *beat], env, cpus)
@@ -120,7 +131,7 @@ class Bench:
         return self.gateway_url
 
     def stop_gateway(self) -> None:
-        for name in ("web", "worker", "beat"):
+        for name in ("web", "worker", "worker-batch", "beat"):
             if name in self.processes:
                 _stop(self.processes.pop(name))
 

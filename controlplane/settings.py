@@ -177,7 +177,8 @@ CELERY_TASK_ROUTES = {
     # delays probes, metering or rollups.
     "batches.tasks.batch_validate_task": {"queue": "batch"},
     "batches.tasks.batch_run_task": {"queue": "batch"},
-    "batches.tasks.batches_sweep_task": {"queue": "batch"},
+    "batches.tasks.batch_finalize_task": {"queue": "batch"},
+    # The sweep itself is quick and must not wait behind batch work: the default queue.
 }
 # --- Stripe --------------------------------------------------------------------------------
 # Unset: invoices are still computed and finalized, but nothing is sent to Stripe and the

@@ -18,7 +18,15 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db import transaction
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseRedirect,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -26,11 +34,14 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from adapters import selectors as adapter_selectors
 from adapters import services as adapter_services
+from batches import files as batch_files
+from batches import services as batch_services
 from billing.models import Invoice
 from billing.pricing import micros_to_usd
 from billing.selectors import invoice_get, invoice_list
 from dashboard import forms, selectors
 from dashboard.access import page_access, page_user
+from inference.api.errors import ApiError
 from tenants import selectors as tenant_selectors
 from tenants import services
 from tenants.access import Perm, TenantAccess
@@ -285,6 +296,70 @@ def adapter_delete(request: HttpRequest, slug: str, name: str, version: int) -> 
         raise Http404("No such adapter.") from None
     adapter_services.adapter_delete(adapter=adapter, actor=page_user(request))
     return redirect("dashboard:adapters", slug=slug)
+
+
+# --- Batches ---------------------------------------------------------------------------
+
+
+def _batch_rows(access: TenantAccess) -> dict[str, Any]:
+    rows = [
+        batch_services.batch_object(b)
+        for b in batch_services.batch_list(tenant=access.tenant)[:100]
+    ]
+    for row in rows:
+        counts = row["request_counts"]
+        row["done"] = counts["completed"] + counts["failed"]
+        row["created"] = datetime.fromtimestamp(row["created_at"], tz=UTC)
+    live = {"validating", "in_progress", "finalizing", "cancelling"}
+    return {"batches": rows, "running": any(r["status"] in live for r in rows)}
+
+
+@login_required
+@require_GET
+def batches(request: HttpRequest, slug: str) -> HttpResponse:
+    access = page_access(request, slug)
+    context = _context(request, access, "batches", **_batch_rows(access))
+    return render(request, "dashboard/batches.html", context)
+
+
+@login_required
+@require_GET
+def batch_rows(request: HttpRequest, slug: str) -> HttpResponse:
+    """The batch table alone: polled while a batch runs."""
+    access = page_access(request, slug)
+    context = {"tenant": access.tenant, "can": _can(access), **_batch_rows(access)}
+    return render(request, "dashboard/_batch_rows.html", context)
+
+
+@login_required
+@require_POST
+def batch_cancel(request: HttpRequest, slug: str, batch_id: str) -> HttpResponse:
+    access = page_access(request, slug, Perm.BATCHES_MANAGE)
+    try:
+        batch = batch_services.batch_get(tenant=access.tenant, batch_id=batch_id)
+        batch_services.batch_cancel(batch=batch)
+    except ApiError as error:
+        if error.status == 404:
+            raise Http404("No such batch.") from None
+        context = _context(request, access, "batches", error=error.message, **_batch_rows(access))
+        return render(request, "dashboard/batches.html", context, status=error.status)
+    return redirect("dashboard:batches", slug=slug)
+
+
+@login_required
+@require_GET
+def batch_file(request: HttpRequest, slug: str, file_id: str) -> HttpResponseBase:
+    """A batch's input, output or error file, as the Files API's ``/content`` gives it."""
+    access = page_access(request, slug, Perm.BATCHES_MANAGE)
+    try:
+        found = batch_files.file_get(tenant=access.tenant, file_id=file_id)
+    except ApiError:
+        raise Http404("No such file.") from None
+    response = StreamingHttpResponse(
+        batch_files.file_content(file=found), content_type="application/jsonl"
+    )
+    response["Content-Disposition"] = f'attachment; filename="{found.filename}"'
+    return response
 
 
 # --- Members and invitations -------------------------------------------------------------

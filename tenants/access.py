@@ -22,6 +22,7 @@ class Perm(StrEnum):
     AUDIT_VIEW = "audit.view"
     BILLING_VIEW = "billing.view"
     ADAPTERS_MANAGE = "adapters.manage"  # upload and delete LoRA adapters
+    BATCHES_MANAGE = "batches.manage"  # see batches' results, cancel batches
     PLATFORM = "platform"  # tenant status, weight and tenant limits: operators only
 
 
@@ -36,6 +37,7 @@ ROLE_PERMS: dict[str, frozenset[Perm]] = {
             Perm.AUDIT_VIEW,
             Perm.BILLING_VIEW,
             Perm.ADAPTERS_MANAGE,
+            Perm.BATCHES_MANAGE,
         }
     ),
     Role.ADMIN: frozenset(
@@ -48,9 +50,12 @@ ROLE_PERMS: dict[str, frozenset[Perm]] = {
             Perm.AUDIT_VIEW,
             Perm.BILLING_VIEW,
             Perm.ADAPTERS_MANAGE,
+            Perm.BATCHES_MANAGE,
         }
     ),
-    Role.DEVELOPER: frozenset({Perm.VIEW, Perm.KEYS_CREATE, Perm.ADAPTERS_MANAGE}),
+    Role.DEVELOPER: frozenset(
+        {Perm.VIEW, Perm.KEYS_CREATE, Perm.ADAPTERS_MANAGE, Perm.BATCHES_MANAGE}
+    ),
     Role.FINANCE: frozenset({Perm.VIEW, Perm.BILLING_VIEW}),
     Role.VIEWER: frozenset({Perm.VIEW}),
 }

@@ -227,6 +227,7 @@ async def run_whole(
     input_check: InputCheck | None = None,
     mode: str = "online",
     ledger: Callable[[UsageRecord], None] | None = None,
+    admitted: Callable[[], None] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """One request run to completion without an HTTP request (a batch line in a Celery
     worker: ``async_to_sync(run_whole)(...)``, or many at once in one ``asyncio.run``):
@@ -244,6 +245,8 @@ async def run_whole(
             mode=mode,
             ledger=ledger,
         )
+        if admitted is not None:  # past limits and admission: a replica is ours now
+            admitted()
         async with life:
             await life.start()
             return 200, await life.whole()

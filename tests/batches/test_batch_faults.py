@@ -24,7 +24,7 @@ from tenants.services import api_key_create, tenant_create
 from tests.batches.test_batches import _content, _create, _finished, _line, _until, _upload
 from tests.conftest import run_manage
 from tests.engines import Engine, engine_start
-from tests.live import worker_start
+from tests.live import wait_for, worker_start
 from tests.serving import world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
@@ -107,25 +107,34 @@ def test_a_spot_engine_killed_mid_batch_costs_a_retry_not_a_line(
             model=Model.objects.get(name="tiny-chat"),
             replica_urls=[doomed.url],
         )
-        Pool.objects.filter(pk=pool.pk).update(max_inflight=4)
+        Pool.objects.filter(pk=pool.pk).update(max_inflight=2)
         for replica in pool.replicas.all():
             replica_probe(replica=replica)
         catalog_publish()
         stack = stack_factory(serving_db_url, name="batch-spot")
         tenant, key = _tenant()
         client = openai.OpenAI(api_key=key, base_url=stack.url + "/v1", max_retries=0)
-        n = 24
-        lines = [_line(f"s{i}", max_tokens=96, ignore_eos=True) for i in range(n)]
+        n = 48
+        lines = [_line(f"s{i}", max_tokens=128, ignore_eos=True) for i in range(n)]
         created = _create(client, _upload(client, lines))
         _until(
             client,
             created.id,
             lambda b: b.request_counts is not None and b.request_counts.completed >= 2,
         )
+        # An operator adds a replica (it joins once its first probe passes); then the
+        # first one dies with lines on it.
         added = run_manage(
             "replica", "add", "spot", engine.url, env={"REDIS_URL": stack.env["REDIS_URL"]}
         )
         assert added.returncode == 0, added.stderr
+        wait_for(
+            lambda: Replica.objects.filter(
+                pool__name="spot", url=engine.url, state="ready"
+            ).exists(),
+            timeout=30,
+        )
+        assert Line.objects.filter(batch_id=created.id, state=Line.State.PENDING).exists()
         doomed.kill()
         batch = _until(client, created.id, _finished, timeout=240)
     finally:

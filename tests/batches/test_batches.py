@@ -391,12 +391,15 @@ def test_a_result_from_a_worker_that_lost_its_claim_is_neither_stored_nor_billed
     """A worker whose lease ran out (it hung, or was partitioned away) and whose lines were
     claimed again: when it comes back with an answer, nothing of it is stored or billed."""
     tenant, _ = spot.tenant()
-    # A batch still "validating" (fresh): the stack's own worker leaves its lines alone.
+    # A batch running, held by a run chain (ours, here): the stack's sweeper leaves it alone.
     batch = Batch.objects.create(
         tenant=tenant,
         api_key=ApiKey.objects.get(tenant=tenant),
         input_file_id="file-x",
         endpoint="/v1/chat/completions",
+        status=Batch.Status.IN_PROGRESS,
+        in_progress_at=timezone.now(),
+        running_until=timezone.now() + timedelta(hours=1),
         expires_at=timezone.now() + timedelta(hours=24),
     )
     line = Line.objects.create(batch=batch, number=1, custom_id="late", body={})

@@ -551,3 +551,39 @@ def test_repeated_failed_logins_show_the_lockout_on_the_form(
         page.wait_for_load_state()
     expect(page.get_by_role("alert")).to_contain_text("Too many failed logins")
     shot(page, "login-locked")
+
+
+def test_the_batches_page_shows_progress_and_a_cancel_lands(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    from batches.models import Batch, Line
+
+    key = api_key_create(tenant=people.tenant, name="batch", created_by=people.owner).api_key
+    batch = Batch.objects.create(
+        tenant=people.tenant,
+        api_key=key,
+        input_file_id="file-x",
+        endpoint="/v1/chat/completions",
+        model="tiny-chat",
+        status=Batch.Status.IN_PROGRESS,
+        expires_at=datetime.now(UTC) + timedelta(hours=24),
+    )
+    states = ["done", "done", "done", "pending", "pending"]
+    Line.objects.bulk_create(
+        Line(batch=batch, number=i, custom_id=f"c{i}", body={}, state=s, completion_tokens=4)
+        for i, s in enumerate(states, start=1)
+    )
+    log_in(page, dash_stack, people.developer)
+    page.get_by_role("link", name="Batches").click()
+    row = page.locator(f'tr[data-batch="{batch.id}"]')
+    expect(row.get_by_role("progressbar")).to_have_attribute("value", "3")
+    expect(row.locator("[data-counts]")).to_have_text("3 done, 0 failed of 5")
+    shot(page, "batches-running")
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Cancel").click()
+    # The worker finalizes it; the table, polled while a batch runs, shows the end.
+    expect(row.locator(".badge")).to_have_text("cancelled", timeout=30_000)
+    expect(row.locator("[data-counts]")).to_have_text("3 done, 2 failed of 5")
+    expect(row.get_by_role("link", name="errors")).to_be_visible()
+    expect(row.get_by_role("button", name="Cancel")).to_have_count(0)
+    shot(page, "batches-cancelled")
