@@ -288,10 +288,11 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
             if task.cancelled():  # the batch stopped before the line began (see above)
                 line = Claimed(pk, {}, 0)
                 answered.append(Answer(line, 0, {}, None))
-            elif task.exception() is not None:  # stays claimed: the lease brings it back
+            elif task.exception() is not None:  # a bug of ours: the line goes back, paused
                 log.error(
                     "batch %s: a line failed to run", plan.batch_id, exc_info=task.exception()
                 )
+                answered.append(Answer(Claimed(pk, {}, 1), 500, {}, None))
             else:
                 answered.append(task.result())
         if time.monotonic() - renewed > renew_every and (running or answered):

@@ -24,7 +24,7 @@ from tenants.services import api_key_create, tenant_create
 from tests.batches.test_batches import _content, _create, _finished, _line, _until, _upload
 from tests.conftest import run_manage
 from tests.engines import Engine, engine_start
-from tests.live import wait_for, worker_start
+from tests.live import worker_start
 from tests.serving import world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
@@ -94,9 +94,10 @@ def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(
 def test_a_spot_engine_killed_mid_batch_costs_a_retry_not_a_line(
     transactional_db: None, engine: Engine, serving_db_url: str, stack_factory: Any
 ) -> None:
-    """The batch pool's only engine dies like a lost spot VM (SIGKILL) while lines run; an
-    operator adds a replica (``manage.py replica add``). The lines in flight are requeued,
-    not failed, and run on the new replica: every line once, ledger = output."""
+    """The batch pool's only engine dies like a lost spot VM (SIGKILL) while lines run; then
+    an operator adds a replica (``manage.py replica add``). The lines that were in flight are
+    requeued, not failed, and everything left runs on the new replica: every line once,
+    ledger = output."""
     doomed = engine_start()
     try:
         doomed.wait_ready()
@@ -122,20 +123,14 @@ def test_a_spot_engine_killed_mid_batch_costs_a_retry_not_a_line(
             created.id,
             lambda b: b.request_counts is not None and b.request_counts.completed >= 2,
         )
-        # An operator adds a replica (it joins once its first probe passes); then the
-        # first one dies with lines on it.
+        # The engine dies with lines on it (two at a time run there, the rest wait their
+        # turn); then an operator adds a replica, which joins once its first probe passes.
+        assert Line.objects.filter(batch_id=created.id, state=Line.State.RUNNING).exists()
+        doomed.kill()
         added = run_manage(
             "replica", "add", "spot", engine.url, env={"REDIS_URL": stack.env["REDIS_URL"]}
         )
         assert added.returncode == 0, added.stderr
-        wait_for(
-            lambda: Replica.objects.filter(
-                pool__name="spot", url=engine.url, state="ready"
-            ).exists(),
-            timeout=30,
-        )
-        assert Line.objects.filter(batch_id=created.id, state=Line.State.PENDING).exists()
-        doomed.kill()
         batch = _until(client, created.id, _finished, timeout=240)
     finally:
         doomed.stop()
