@@ -514,6 +514,9 @@ def test_gateway_recovers_from_a_redis_restart_by_itself(
     _, key = world.tenant(rpm=1000)
     client = stack.openai(key)
     assert client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=2)
+    # Redis goes away once the whole stack runs: the web answers before Celery's worker and
+    # beat have connected (a beat that starts while Redis is down never sends a task).
+    wait_for(lambda: UsageRecord.objects.count() >= 1, timeout=60)
     kill()
     with pytest.raises(openai.InternalServerError) as err:  # refused, never served unmetered
         client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=2)
