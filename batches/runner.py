@@ -249,6 +249,7 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
     if plan.key is not None and plan.key.limit("max_concurrency"):
         # More would only be refused (429) and come back later: stay inside the limit.
         width = min(width, plan.key.limit("max_concurrency"))
+    chunk = max(1, width // 8)
     running: dict[asyncio.Task[Answer], int] = {}
     answered: list[Answer] = []
     begun: set[int] = set()  # lines past admission: on an engine, they finish
@@ -266,8 +267,11 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
                 for task, pk in running.items():
                     if ending or pk not in begun:
                         task.cancel()
-        if not exhausted and time.monotonic() < deadline and len(running) < width:
-            claimed = await run_db(_claim, plan.batch_id, token, width - len(running))
+        # Claim in chunks (an eighth of the width at least): one transaction per line
+        # finished would cost more than the lines' own bookkeeping.
+        free = width - len(running)
+        if not exhausted and time.monotonic() < deadline and (free >= chunk or not running):
+            claimed = await run_db(_claim, plan.batch_id, token, free)
             exhausted = not claimed
             for line in claimed:
                 running[asyncio.ensure_future(_run_line(plan, line, begun))] = line.pk

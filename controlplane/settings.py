@@ -448,6 +448,12 @@ INFERPLANE_ENGINE_FIRST_BYTE_TIMEOUT_SECONDS = env_int(
 INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS = env_int(
     "INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS", 30, minimum=1
 )
+# A batch line's answer comes whole (not streamed): the longest it may take in all. Meanwhile
+# the line's replica is watched (the health probe marks a dead or stuck engine down within
+# seconds, and the line then moves at once); this bounds only what no probe sees.
+INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS = env_int(
+    "INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS", 900, minimum=1
+)
 # A /v1/ws socket that has not authenticated by then is closed.
 INFERPLANE_WS_AUTH_TIMEOUT_SECONDS = env_int("INFERPLANE_WS_AUTH_TIMEOUT_SECONDS", 10, minimum=1)
 # Bodies of everything outside /v1 (dashboard, control API, admin): Django would otherwise
@@ -497,6 +503,6 @@ INFERPLANE_BATCH_MAX_LINE_BYTES = env_int(
 # A worker's claim on the lines it runs; lines of a worker that died run again after it.
 INFERPLANE_BATCH_LEASE_SECONDS = env_int("INFERPLANE_BATCH_LEASE_SECONDS", 300, minimum=5)
 # Lines one worker process keeps in flight (admission shares the spot pool between tenants).
-INFERPLANE_BATCH_CONCURRENCY = env_int("INFERPLANE_BATCH_CONCURRENCY", 32, minimum=1)
+INFERPLANE_BATCH_CONCURRENCY = env_int("INFERPLANE_BATCH_CONCURRENCY", 128, minimum=1)
 # How long one task runs lines before it queues its successor (batches take turns).
 INFERPLANE_BATCH_RUN_SECONDS = env_int("INFERPLANE_BATCH_RUN_SECONDS", 60, minimum=1)

@@ -69,11 +69,22 @@ class Lifecycle:
         input_check: InputCheck | None = None,
         mode: str = "online",
         ledger: Callable[[UsageRecord], None] | None = None,
+        whole: bool = False,
     ) -> Lifecycle:
         """``pool``: the pool to run on (by name) instead of the model's online pool;
-        ``mode`` and ``ledger``: how the call is billed and where its record goes (``Call``)."""
+        ``mode`` and ``ledger``: how the call is billed and where its record goes;
+        ``whole``: the engine answers non-streamed (``Call``; then ``whole()`` is the only
+        way to read the answer, and no output filter applies)."""
+        if whole and (output_filter is not None or input_check is not None):
+            raise ValueError("a filter or check that can stop the answer needs its stream")
         call = await prepare(
-            key=key, raw_body=raw_body, endpoint=endpoint, pool=pool, mode=mode, ledger=ledger
+            key=key,
+            raw_body=raw_body,
+            endpoint=endpoint,
+            pool=pool,
+            mode=mode,
+            ledger=ledger,
+            whole=whole,
         )
         return cls(call, output_filter=output_filter, input_check=input_check)
 
@@ -168,7 +179,12 @@ class Lifecycle:
     async def whole(self) -> dict[str, Any]:
         """The non-streamed answer (``responses.Whole``), or the ``ApiError`` to answer."""
         call = self.call
-        whole = responses.Whole(chat=call.parsed.endpoint == "chat.completions")
+        chat = call.parsed.endpoint == "chat.completions"
+        if self.relay.answer is not None:  # the engine answered whole (``Call.whole``)
+            return responses.whole_answer(
+                self.relay.answer, chat=chat, model=call.parsed.model, usage=call.usage()
+            )
+        whole = responses.Whole(chat=chat)
         try:
             async for batch in self:
                 for chunk in batch:
@@ -178,12 +194,7 @@ class Lifecycle:
         except responses.ResponseTooLarge as exc:
             # Stop here: closing the engine's stream (settle) aborts the rest of the work.
             call.fail("non-streamed response too large")
-            raise ApiError(
-                400,
-                f"The response grew past {exc.args[0]} bytes before it was complete. Ask for "
-                "it with stream=true, or lower max_tokens, n or logprobs.",
-                code="response_too_large",
-            ) from exc
+            raise responses.too_large(exc.args[0]) from exc
         return whole.result(
             model=call.parsed.model,
             fallback_id=f"cmpl-{call.rid}",
@@ -233,7 +244,9 @@ async def run_whole(
     worker: ``async_to_sync(run_whole)(...)``, or many at once in one ``asyncio.run``):
     the same limits, admission, routing and metering as online, on ``pool`` if given.
     Returns (200, the non-streamed OpenAI body) — whatever the body's ``stream`` says — or
-    (the status, the OpenAI error body) as the HTTP endpoint would answer them."""
+    (the status, the OpenAI error body) as the HTTP endpoint would answer them. Without an
+    output filter or input check the engine is asked for its answer whole, not streamed
+    (``Call.whole``): the same answer and counts, at less work per token."""
     try:
         life = await Lifecycle.begin(
             key=key,
@@ -244,6 +257,9 @@ async def run_whole(
             input_check=input_check,
             mode=mode,
             ledger=ledger,
+            # A check or filter that stops the answer bills what the engine made: only a
+            # stream says how much that was.
+            whole=output_filter is None and input_check is None,
         )
         if admitted is not None:  # past limits and admission: a replica is ours now
             admitted()

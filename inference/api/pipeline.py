@@ -34,7 +34,7 @@ from contract import (
     UsageRecord,
     price_in_force,
 )
-from inference.api import limits, lora, metering
+from inference.api import limits, lora, metering, responses
 from inference.api.admission import W_IN, W_OUT, CatalogMissing, admission
 from inference.api.auth import KeyInfo
 from inference.api.catalog import catalog_view
@@ -65,6 +65,7 @@ MAX_ATTEMPTS = 3
 RETRY_PAUSE_SECONDS = 0.2
 DRAIN_IDLE_SECONDS = 0.05
 DRAIN_CAP_SECONDS = 0.25
+WATCH_SECONDS = 1.0  # how often a wait for a whole answer looks at its replica's health
 
 
 class MidStreamError(Exception):
@@ -73,6 +74,10 @@ class MidStreamError(Exception):
 
 class Stalled(Exception):
     """The engine stopped sending mid-stream (a hung GPU, a stopped process, a partition)."""
+
+
+class Unanswered(Exception):
+    """A replica did not answer a request in time (or was found dead meanwhile)."""
 
 
 def _transport_reason(exc: BaseException) -> str:
@@ -179,6 +184,9 @@ class Call:
     # Where the usage record goes instead of the spool: a batch worker stores it with the
     # line's result, in one transaction (see ``batches``).
     ledger: Callable[[UsageRecord], None] | None = None
+    # The engine answers whole, not streamed (a batch line: nobody watches it arrive, and a
+    # whole answer costs the engine and us less per token); see ``Relay._post_whole``.
+    whole: bool = False
 
     def _move(self, to: State) -> None:
         if to not in _NEXT[self.state]:
@@ -294,10 +302,11 @@ async def prepare(
     pool: str | None = None,
     mode: str = "online",
     ledger: Callable[[UsageRecord], None] | None = None,
+    whole: bool = False,
 ) -> Call:
     """Everything before the engine, for a request whose key was authenticated; on the
-    model's online pool, or on ``pool`` (by name) when given. ``mode`` and ``ledger``: see
-    ``Call``."""
+    model's online pool, or on ``pool`` (by name) when given. ``mode``, ``ledger`` and
+    ``whole``: see ``Call``."""
     t0 = time.perf_counter()
     started_at = datetime.now(UTC)
     parsed = parse_request(raw_body, endpoint)
@@ -361,6 +370,7 @@ async def prepare(
             parsed,
             served_name=adapter.engine_name if adapter else model.served_name,
             max_tokens=max_tokens,
+            whole=whole,
         ),
         started_at=started_at,
         t0=t0,
@@ -370,6 +380,7 @@ async def prepare(
         adapter=adapter,
         mode=mode,
         ledger=ledger,
+        whole=whole,
     )
 
 
@@ -450,6 +461,7 @@ class Relay:
         self.failures = 0
         self.completion_by_choice: dict[int, int] = {}
         self.prompt_by_prompt: dict[int, int] = {}
+        self.answer: dict[str, Any] | None = None  # a whole answer (``Call.whole``)
 
     async def start(self) -> None:
         """Connect and wait for the engine's first event, failing over between replicas."""
@@ -471,6 +483,13 @@ class Relay:
             try:
                 if call.adapter is not None:
                     await self._adapter_onto_replica(call.adapter)
+                if call.whole:
+                    status, body = await self._post_whole(session, url + path, headers)
+                    if status == 200:
+                        self._take_whole(body)
+                        return
+                    reloaded = await self._refused(status, body, reloaded=reloaded)
+                    continue
                 # A replica that accepts the connection and then says nothing (a hung GPU, a
                 # stopped process, a partition without reset) is a failed replica.
                 deadline = loop.time() + first_byte
@@ -483,6 +502,9 @@ class Relay:
                         response = await session.post(url + path, data=call.body, headers=headers)
             except TimeoutError:
                 await self._failover(f"no answer within {first_byte} s")
+                continue
+            except Unanswered as exc:
+                await self._failover(str(exc))
                 continue
             except (*TRANSPORT_ERRORS, lora.ReplicaUnreachable) as exc:
                 await self._failover(_transport_reason(exc))
@@ -502,23 +524,8 @@ class Relay:
                     continue
                 response.close()
                 self.response = None
-                if response.status == 404 and call.adapter is not None and not reloaded:
-                    # The engine does not hold the adapter after all (it restarted since
-                    # the last probe): load it again there, once.
-                    reloaded = True
-                    await self._forget_adapter(call.adapter)
-                    continue
-                if response.status in (401, 403):
-                    # Our key, not the client's: the replica is misconfigured (its
-                    # VLLM_API_KEY is not INFERPLANE_ENGINE_API_KEY). Never a 401 to them.
-                    log.error("replica %s refuses the engine API key", call.route.replica_url)
-                    await self._failover(f"HTTP {response.status}: the engine refused our key")
-                    continue
-                if response.status >= 500 or response.status == 404:
-                    await self._failover(f"HTTP {response.status}")
-                    continue
-                call.fail(f"engine refused: HTTP {response.status}")
-                raise engine_error(response.status, body)
+                reloaded = await self._refused(response.status, body, reloaded=reloaded)
+                continue
             self.batches = batches = sse_batches(response)
             try:
                 async with asyncio.timeout_at(deadline):
@@ -538,6 +545,103 @@ class Relay:
             return
         call.fail("no replica answered")
         raise overloaded(2, "No replica could serve the request. Retry shortly.")
+
+    async def _refused(self, status: int, body: bytes, *, reloaded: bool) -> bool:
+        """An engine's answer other than 200: the client's error (raised), or the replica's
+        (failed over, or the adapter loaded again). Returns whether the adapter was."""
+        call = self.call
+        if status == 404 and call.adapter is not None and not reloaded:
+            # The engine does not hold the adapter after all (it restarted since the last
+            # probe): load it again there, once.
+            await self._forget_adapter(call.adapter)
+            return True
+        if status in (401, 403):
+            # Our key, not the client's: the replica is misconfigured (its VLLM_API_KEY is
+            # not INFERPLANE_ENGINE_API_KEY). Never a 401 to them.
+            log.error("replica %s refuses the engine API key", call.route.replica_url)
+            await self._failover(f"HTTP {status}: the engine refused our key")
+        elif status >= 500 or status == 404:
+            await self._failover(f"HTTP {status}")
+        else:
+            call.fail(f"engine refused: HTTP {status}")
+            raise engine_error(status, body)
+        return reloaded
+
+    async def _post_whole(
+        self, session: aiohttp.ClientSession, url: str, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        """Send a request for a whole answer (``Call.whole``): its (status, body).
+
+        The engine says nothing until its answer is complete, so the first-byte and stall
+        bounds do not apply: the wait is watched instead. A replica that the health probe
+        marks down meanwhile (dead, stopped, stuck: the catalog says so within seconds),
+        or that leaves the pool, fails the request over at once (``Unanswered``), and no
+        answer takes longer than ``INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS``."""
+        call = self.call
+        limit = settings.INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS
+        posting = asyncio.ensure_future(self._read_whole(session, url, headers))
+        view = catalog_view()
+        deadline = time.monotonic() + limit
+        try:
+            while True:
+                done, _ = await asyncio.wait((posting,), timeout=WATCH_SECONDS)
+                if done:
+                    return posting.result()
+                if time.monotonic() > deadline:
+                    raise Unanswered(f"no answer within {limit} s")
+                pool = view.data.pools.get(call.route.pool) if view.data is not None else None
+                replica = pool.replicas.get(call.route.replica) if pool is not None else None
+                if pool is not None and (replica is None or replica.state == "down"):
+                    raise Unanswered("the replica went down while answering")
+        finally:
+            if not posting.done():  # closing the connection aborts the engine's work
+                posting.cancel()
+                await asyncio.gather(posting, return_exceptions=True)
+
+    async def _read_whole(
+        self, session: aiohttp.ClientSession, url: str, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        """(status, body) of one non-streamed request: an answer up to
+        ``INFERPLANE_MAX_RESPONSE_BYTES`` (past it, the 400 that online non-streamed
+        answers give), an error up to 64 KiB."""
+        try:
+            response = await session.post(url, data=self.call.body, headers=headers)
+        except aiohttp.ServerDisconnectedError:  # a pooled keep-alive connection just closed
+            response = await session.post(url, data=self.call.body, headers=headers)
+        limit = settings.INFERPLANE_MAX_RESPONSE_BYTES if response.status == 200 else 65536
+        parts: list[bytes] = []
+        size = 0
+        try:
+            async for part in response.content.iter_any():
+                size += len(part)
+                if size > limit:
+                    if response.status == 200:
+                        self.call.fail("non-streamed response too large")
+                        raise responses.too_large(limit)
+                    break
+                parts.append(part)
+        finally:
+            if size > limit:
+                response.close()
+            else:
+                response.release()
+        return response.status, b"".join(parts)
+
+    def _take_whole(self, body: bytes) -> None:
+        """A whole answer: its counts are the engine's usage."""
+        try:
+            answer = orjson.loads(body)
+            usage = answer.get("usage") or {}
+        except (orjson.JSONDecodeError, AttributeError):
+            raise Unanswered("its answer is not JSON") from None
+        counts = self.call.counts
+        counts.prompt = usage.get("prompt_tokens") or 0
+        counts.completion = usage.get("completion_tokens") or 0
+        counts.cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        self.answer = answer
+        self.read_to_end = True
+        self.call.streaming()
+        self.call.end()
 
     async def _adapter_onto_replica(self, adapter: Adapter) -> None:
         """Make sure the chosen replica holds the request's adapter (loading it if not), and

@@ -1,5 +1,6 @@
 """The engine's answers reshaped to OpenAI's: each streamed chunk as it passes (``clean``),
-and the non-streamed answer assembled from the stream (``Whole``).
+the non-streamed answer assembled from the stream (``Whole``), and an answer the engine gave
+whole (``whole_answer``, a batch line's) in the same shape.
 
 The shapes are OpenAI's published schema (the tests check every answer against it, see
 tests/contract): required keys are always present, ``null`` where OpenAI sends ``null`` —
@@ -14,6 +15,8 @@ from typing import Any
 
 import orjson
 from django.conf import settings
+
+from inference.api.errors import ApiError
 
 # Fields vLLM adds to OpenAI's chunk shape that are its own business.
 _EXTRA_TOP = ("prompt_token_ids", "prompt_text", "kv_transfer_params")
@@ -40,6 +43,61 @@ def clean(chunk: dict[str, Any], model: str, chat: bool) -> list[dict[str, Any]]
 
 class ResponseTooLarge(Exception):
     """A non-streamed answer grew past INFERPLANE_MAX_RESPONSE_BYTES."""
+
+
+def too_large(limit: int) -> ApiError:
+    """What the client is told about a non-streamed answer larger than ``limit`` bytes."""
+    return ApiError(
+        400,
+        f"The response grew past {limit} bytes before it was complete. Ask for it with "
+        "stream=true, or lower max_tokens, n or logprobs.",
+        code="response_too_large",
+    )
+
+
+_MESSAGE_FIELDS = ("role", "content", "reasoning_content", "reasoning", "refusal")
+
+
+def whole_answer(
+    answer: dict[str, Any], *, chat: bool, model: str, usage: dict[str, Any]
+) -> dict[str, Any]:
+    """An engine's non-streamed answer in the shape ``Whole.result`` gives a streamed one:
+    the same fields (vLLM's own left out), so a batch line's body and an online answer
+    look alike."""
+    choices = []
+    for c in answer.get("choices") or ():
+        choice: dict[str, Any] = {
+            "index": c.get("index", 0),
+            "logprobs": c.get("logprobs"),
+            "finish_reason": c.get("finish_reason"),
+        }
+        if c.get("stop_reason") is not None:
+            choice["stop_reason"] = c["stop_reason"]
+        if chat:
+            given = c.get("message") or {}
+            message = {k: given[k] for k in _MESSAGE_FIELDS if given.get(k) is not None}
+            message.setdefault("role", "assistant")
+            if given.get("tool_calls"):
+                message["tool_calls"] = given["tool_calls"]
+                message["content"] = message.get("content") or None  # as OpenAI: null
+            else:
+                message.setdefault("content", "")
+            message.setdefault("refusal", None)
+            choice["message"] = message
+            logprobs = choice["logprobs"]
+            if logprobs is not None and "refusal" not in logprobs:
+                logprobs["refusal"] = None
+        else:
+            choice["text"] = c.get("text") or ""
+        choices.append(choice)
+    return {
+        "id": answer.get("id", ""),
+        "object": "chat.completion" if chat else "text_completion",
+        "created": answer.get("created", 0),
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+    }
 
 
 class Whole:

@@ -254,13 +254,20 @@ def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
     )
 
 
-def upstream_body(parsed: ParsedRequest, *, served_name: str, max_tokens: int | None) -> bytes:
-    """What the engine is sent: always a stream with per-chunk usage, so that every request
-    (streamed or not, finished or cut off) is metered with the engine's own counts."""
+def upstream_body(
+    parsed: ParsedRequest, *, served_name: str, max_tokens: int | None, whole: bool = False
+) -> bytes:
+    """What the engine is sent: a stream with per-chunk usage, so that every request
+    (streamed or not, finished or cut off) is metered with the engine's own counts; or, with
+    ``whole`` (a batch line, which nobody watches arrive), one non-streamed answer, whose
+    usage is the engine's counts too, at less work for the engine and for us."""
     body = {k: v for k, v in parsed.body.items() if k not in DROPPED}
     body["model"] = served_name
-    body["stream"] = True
-    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    if whole:
+        body["stream"] = False
+    else:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     body.pop("max_tokens", None)
     if max_tokens is not None:
         body["max_tokens"] = max_tokens

@@ -145,3 +145,69 @@ def test_a_spot_engine_killed_mid_batch_costs_a_retry_not_a_line(
     new = Replica.objects.get(pool__name="spot", url=engine.url)
     assert ledger.filter(replica=new.name).exists()  # the requeued lines ran on the new one
     assert Line.objects.filter(batch_id=created.id, attempts__gt=1).exists()
+
+
+def test_a_spot_engine_that_hangs_mid_batch_hands_its_lines_on(
+    transactional_db: None, engine: Engine, serving_db_url: str, stack_factory: Any
+) -> None:
+    """One of the spot pool's two engines hangs (SIGSTOP: it keeps its connections open and
+    says nothing, like a frozen VM) while lines run on it. A line's answer comes whole, so no
+    token's silence gives the hang away: the health probe marks the replica down, and the
+    lines waiting on it move to the other replica at once, long before the whole-answer
+    bound (set here far beyond the test's patience). Every line once, ledger = output."""
+    frozen = engine_start()
+    try:
+        frozen.wait_ready()
+        world_rows([engine])
+        pool = pool_ensure(
+            name="spot",
+            kind="spot",
+            model=Model.objects.get(name="tiny-chat"),
+            replica_urls=[frozen.url, engine.url],
+        )
+        Pool.objects.filter(pk=pool.pk).update(max_inflight=2)
+        for replica in pool.replicas.all():
+            replica_probe(replica=replica)
+        catalog_publish()
+        stack = stack_factory(
+            serving_db_url,
+            name="batch-hang",
+            extra_env={
+                "INFERPLANE_PROBE_INTERVAL_SECONDS": "2",
+                "INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS": "3600",
+            },
+        )
+        tenant, key = _tenant()
+        client = openai.OpenAI(api_key=key, base_url=stack.url + "/v1", max_retries=0)
+        n = 32
+        lines = [_line(f"h{i}", max_tokens=128, ignore_eos=True) for i in range(n)]
+        created = _create(client, _upload(client, lines))
+        hung = Replica.objects.get(pool__name="spot", url=frozen.url)
+        # Lines have run on both replicas: the hung one holds two when it stops.
+        _until(
+            client,
+            created.id,
+            lambda b: UsageRecord.objects.filter(tenant=tenant, replica=hung.name).exists(),
+        )
+        os.killpg(frozen.process.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        batch = _until(client, created.id, _finished, timeout=240)
+        waited = time.monotonic() - stopped_at
+    finally:
+        os.killpg(frozen.process.pid, signal.SIGCONT)
+        frozen.stop()
+    assert batch.status == "completed", batch
+    assert batch.request_counts.model_dump() == {"total": n, "completed": n, "failed": 0}
+    assert waited < 240
+    output = _content(client, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(f"h{i}" for i in range(n))
+    ledger = UsageRecord.objects.filter(tenant=tenant)
+    assert sorted(ledger.values_list("request_id", flat=True)) == sorted(
+        o["response"]["request_id"] for o in output
+    )
+    # The lines that were on the hung replica finished on the other one: moved there at once
+    # (the record says why), or put back and claimed again when the other one was full.
+    moved = ledger.filter(error__contains="went down while answering")
+    assert not moved.filter(replica=hung.name).exists()
+    assert moved.exists() or Line.objects.filter(batch_id=created.id, attempts__gt=1).exists()
+    assert Replica.objects.get(pk=hung.pk).state == Replica.State.DOWN

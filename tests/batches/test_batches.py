@@ -29,6 +29,7 @@ from inference.models import Model, Replica
 from inference.services import pool_ensure, replica_probe
 from tenants.models import ApiKey
 from tenants.services import api_key_create
+from tests import contract
 from tests.engines import Engine
 from tests.live import wait_for
 from tests.serving import World, world
@@ -147,6 +148,11 @@ def test_a_batch_runs_on_the_spot_pool_and_its_results_match_the_ledger(spot: Wo
         assert item["id"].startswith("batch_req_") and item["error"] is None
         assert item["response"]["status_code"] == 200
         assert item["response"]["body"]["object"] == "chat.completion"
+        # The engine answers a line whole; its body is OpenAI's object, as online.
+        contract.validate("CreateChatCompletionResponse", item["response"]["body"])
+        assert isinstance(item["response"]["body"]["choices"][0]["message"]["content"], str)
+    # The answers' text came through (the tiny model may end one at once; not all six).
+    assert any(o["response"]["body"]["choices"][0]["message"]["content"] for o in output), output
     assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
     # The ledger holds exactly the lines answered, in batch mode at the batch price.
     records = list(UsageRecord.objects.filter(tenant=tenant))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from inference.models import Pool
 from tenants.models import ApiKey, AuditEvent, Tenant
 from tenants.selectors import api_key_authenticate
 from tests.conftest import run_manage
@@ -94,6 +95,11 @@ def test_seed_demo_is_idempotent_and_keeps_a_working_key(tmp_path: object) -> No
     assert key_file.read_text().strip() == key  # not re-issued while it works
     assert Tenant.objects.filter(slug="demo").count() == 1
     assert ApiKey.objects.filter(tenant__slug="demo").count() == 1
+    # The spot pool admits twice its engine's 64 sequences; an operator's setting is kept.
+    assert Pool.objects.get(name="batch").max_inflight == 128
+    Pool.objects.filter(name="batch").update(max_inflight=32)
+    assert run_manage("seed_demo", env=env).returncode == 0
+    assert Pool.objects.get(name="batch").max_inflight == 32
     # Revoked (or the database reset): the next seed issues a fresh working key.
     ApiKey.objects.update(revoked_at="2026-01-01T00:00:00Z")
     assert run_manage("seed_demo", env=env).returncode == 0

@@ -20,7 +20,8 @@ from django.db import transaction
 from billing.models import Price
 from billing.services import price_set
 from controlplane.commands import validation_message
-from inference.services import model_ensure, pool_ensure
+from inference.models import Pool
+from inference.services import model_ensure, pool_configure, pool_ensure
 from tenants.models import Membership, Role, Tenant, User
 from tenants.selectors import api_key_authenticate
 from tenants.services import api_key_create, membership_add, tenant_create
@@ -92,8 +93,9 @@ class Command(BaseCommand):
             raise CommandError(f"--model-name {name!r}: {' '.join(exc.messages)}") from None
         for pool, kind in (("online", "dedicated"), ("batch", "spot")):
             discovery = options[f"{pool}_discovery"]
+            new = not Pool.objects.filter(name=pool).exists()
             try:
-                pool_ensure(
+                made = pool_ensure(
                     name=pool,
                     kind=kind,
                     model=model,
@@ -102,6 +104,10 @@ class Command(BaseCommand):
                 )
             except ValidationError as exc:
                 raise CommandError(f"pool {pool}: {validation_message(exc)}") from None
+            if new and kind == "spot":
+                # Twice the engine's 64 sequences: it always holds the next lines queued
+                # (README, Batches). An operator's later setting is left alone.
+                pool_configure(pool=made, max_inflight=128)
         if not Price.objects.filter(model=model, tenant=None).exists():
             # A demo list price, so usage shows costs from the first request.
             price_set(
