@@ -29,7 +29,7 @@ help:
 	@echo "make test   - lint, strict type-check, import contracts, migrations check, the test suite"
 	@echo "make lock   - re-resolve the dependencies into requirements.lock"
 	@echo "make setup  - only build the virtualenvs and the tiny model"
-	@echo "make bench  - run the benchmarks (overhead, fairness, ledger, LoRA, dashboard); see bench/RESULTS.md"
+	@echo "make bench  - run the benchmarks (overhead, fairness, ledger, LoRA, dashboard, batch); see bench/RESULTS.md"
 	@echo "make clean  - remove .venv and var/ (the engine cache in $(CACHE) is kept)"
 
 # --- set-up (each step is skipped when already done) -------------------------------------
@@ -129,6 +129,7 @@ bench: setup
 	$(PY) -m bench.lora
 	$(PY) -m bench.dashboard
 	$(PY) -m bench.batch
+	$(PY) -m bench.batch --pin
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -13,6 +13,7 @@ import orjson
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
+from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt
 
 from batches import files as file_services
@@ -184,7 +185,8 @@ def file_content(request: HttpRequest, key: ApiKey, file_id: str) -> HttpRespons
     response = StreamingHttpResponse(
         file_services.file_content(file=row), content_type="application/jsonl"
     )
-    response["Content-Disposition"] = f'attachment; filename="{row.filename}"'
+    # The name is the uploader's: quoted and encoded (RFC 6266), never pasted in.
+    response["Content-Disposition"] = content_disposition_header(True, row.filename)
     return response
 
 

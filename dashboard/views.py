@@ -30,6 +30,7 @@ from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from adapters import selectors as adapter_selectors
@@ -358,7 +359,8 @@ def batch_file(request: HttpRequest, slug: str, file_id: str) -> HttpResponseBas
     response = StreamingHttpResponse(
         batch_files.file_content(file=found), content_type="application/jsonl"
     )
-    response["Content-Disposition"] = f'attachment; filename="{found.filename}"'
+    # The name is the uploader's: quoted and encoded (RFC 6266), never pasted in.
+    response["Content-Disposition"] = content_disposition_header(True, found.filename)
     return response
 
 

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
+from urllib.parse import unquote
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -433,3 +435,23 @@ def test_a_result_from_a_worker_that_lost_its_claim_is_neither_stored_nor_billed
     assert _store(theirs, "worker-b", 200, {"usage": {}}, record)
     assert UsageRecord.objects.filter(request_id="late-answer").count() == 1
     assert Line.objects.get(pk=line.pk).state == Line.State.DONE
+
+
+def test_a_hostile_file_name_comes_back_quoted_in_the_download(spot: World) -> None:
+    """The uploader names the file: its download header quotes and encodes the name (RFC
+    6266), so quotes and non-ASCII neither break the header nor forge a parameter."""
+    _, key = spot.tenant()
+    client = _client(spot, key)
+    name = 'night "run"; filename=evil.exe é.jsonl'
+    file_id = _upload(client, [_line("a")], name=name)
+    stored = client.files.retrieve(file_id).filename  # the SDK escapes the quotes itself
+    assert stored.endswith("; filename=evil.exe é.jsonl")
+    response = httpx.get(
+        f"{spot.stack.url}/v1/files/{file_id}/content",
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert response.status_code == 200
+    header = response.headers["content-disposition"]
+    kind, _, encoded = header.partition("; filename*=utf-8''")
+    assert kind == "attachment" and encoded  # one parameter, RFC 5987-encoded
+    assert not set(encoded) & set(' ";') and unquote(encoded) == stored
