@@ -6,6 +6,7 @@ are Django's ASGI handler.
 """
 
 import os
+import threading
 from typing import Any
 
 from django.core.asgi import get_asgi_application
@@ -21,6 +22,12 @@ from django.urls import path, re_path  # noqa: E402
 from controlplane.bodylimit import BoundedBody  # noqa: E402
 from dashboard.consumers import OpsConsumer  # noqa: E402
 from inference.api.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
+from moderation.classifier import classifier  # noqa: E402
+from moderation.consumers import ModerationsConsumer  # noqa: E402
+
+# The embedded moderation classifier loads in the background (about a second): the first
+# moderated request of this process does not wait for it.
+threading.Thread(target=classifier, name="load-moderation-classifier", daemon=True).start()
 
 # The dashboard's sockets ride on the Django session, so they check the Origin (a page on
 # another site must not open one with the user's cookie); /v1/ws authenticates by API key.
@@ -37,6 +44,7 @@ application = ProtocolTypeRouter(
             [
                 # The Files and Batch APIs are Django's (uploads spool to disk as they come).
                 re_path(r"^v1/(files|batches)(/|$)", django_bounded),
+                path("v1/moderations", ModerationsConsumer.as_asgi()),
                 *http_urlpatterns,
                 re_path(r"", django_bounded),
             ]

@@ -233,6 +233,18 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "schedule": 2.0,
         "options": {"expires": 10},
     },
+    # Moderation events the gateways recorded, into Postgres; and the policies republished,
+    # which heals a Redis that lost them (the gateways also rebuild them when they find none).
+    "flush-moderation-events": {
+        "task": "moderation.tasks.moderation_events_flush_task",
+        "schedule": 2.0,
+        "options": {"expires": 10},
+    },
+    "publish-moderation-policies": {
+        "task": "moderation.tasks.moderation_policies_publish_task",
+        "schedule": 60.0,
+        "options": {"expires": 30},
+    },
     "flush-key-last-used": {
         "task": "tenants.tasks.api_keys_last_used_flush",
         "schedule": 60.0,

@@ -27,6 +27,7 @@ api_patterns = [
     path("", include("tenants.urls")),
     path("", include("adapters.urls")),
     path("", include("inference.urls")),
+    path("", include("moderation.urls")),
 ]
 
 urlpatterns = [

@@ -23,6 +23,7 @@ class Perm(StrEnum):
     BILLING_VIEW = "billing.view"
     ADAPTERS_MANAGE = "adapters.manage"  # upload and delete LoRA adapters
     BATCHES_MANAGE = "batches.manage"  # see batches' results, cancel batches
+    MODERATION_MANAGE = "moderation.manage"  # the moderation policy
     PLATFORM = "platform"  # tenant status, weight and tenant limits: operators only
 
 
@@ -38,6 +39,7 @@ ROLE_PERMS: dict[str, frozenset[Perm]] = {
             Perm.BILLING_VIEW,
             Perm.ADAPTERS_MANAGE,
             Perm.BATCHES_MANAGE,
+            Perm.MODERATION_MANAGE,
         }
     ),
     Role.ADMIN: frozenset(
@@ -51,6 +53,7 @@ ROLE_PERMS: dict[str, frozenset[Perm]] = {
             Perm.BILLING_VIEW,
             Perm.ADAPTERS_MANAGE,
             Perm.BATCHES_MANAGE,
+            Perm.MODERATION_MANAGE,
         }
     ),
     Role.DEVELOPER: frozenset(

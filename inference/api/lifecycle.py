@@ -37,7 +37,14 @@ from inference.api import responses
 from inference.api.auth import KeyInfo
 from inference.api.errors import ApiError, overloaded
 from inference.api.pipeline import Call, MidStreamError, Relay, State, finish, prepare
-from inference.api.seams import InputCheck, OutputFilter, Screened, cut_chunks, input_refused
+from inference.api.seams import (
+    InputCheck,
+    OutputFilter,
+    Screened,
+    cut_chunks,
+    guard_for,
+    input_refused,
+)
 
 
 class ClientGone(Exception):
@@ -77,6 +84,10 @@ class Lifecycle:
         way to read the answer, and no output filter applies)."""
         if whole and (output_filter is not None or input_check is not None):
             raise ValueError("a filter or check that can stop the answer needs its stream")
+        # The tenant's moderation, unless the caller brought seams of its own.
+        build = None
+        if output_filter is None and input_check is None:
+            build = await guard_for(key)
         call = await prepare(
             key=key,
             raw_body=raw_body,
@@ -84,9 +95,16 @@ class Lifecycle:
             pool=pool,
             mode=mode,
             ledger=ledger,
-            whole=whole,
+            # A guard that can stop the answer bills what the engine made: only a stream
+            # says how much that was.
+            whole=whole and build is None,
         )
-        return cls(call, output_filter=output_filter, input_check=input_check)
+        life = cls(call, output_filter=output_filter, input_check=input_check)
+        if build is not None:
+            guard = build(call.rid, call.parsed, life.relay.completion_by_choice)
+            call.body = guard.rewrite(call.body)
+            life.output_filter, life.input_check = guard, guard.input_check
+        return life
 
     async def start(self) -> None:
         """Send the request (``Relay.start``) and, with an input check, run it meanwhile:

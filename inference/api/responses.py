@@ -114,8 +114,11 @@ class Whole:
         self.texts: dict[tuple[int, str], list[str]] = {}
         self.size = 0
         self.limit = settings.INFERPLANE_MAX_RESPONSE_BYTES
+        self.moderation: dict[str, Any] | None = None  # what a flagging policy found
 
     def add(self, chunk: dict[str, Any]) -> None:
+        if "moderation" in chunk:  # the moderation chunk of a flagged answer
+            self.moderation = chunk["moderation"]
         if not self.id:
             self.id, self.created = chunk.get("id", ""), chunk.get("created", 0)
         for c in chunk.get("choices") or ():
@@ -214,4 +217,5 @@ class Whole:
             "model": model,
             "choices": [self.choices[i] for i in sorted(self.choices)],
             "usage": usage,
+            **({"moderation": self.moderation} if self.moderation is not None else {}),
         }

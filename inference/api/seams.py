@@ -16,11 +16,17 @@ An **input check** runs concurrently with ``relay.start()`` (so it overlaps the 
 prefill) and is awaited before anything is released: ``None`` lets the request through, a
 message refuses it. A refused request answers 400 ``content_policy_violation``
 (``invalid_request_error``); its engine request is closed and what was made is metered.
+
+A **guard source** gives both for a tenant's requests without the transport asking: the
+moderation app registers one when it is ready (``guard_source_set``), and ``Lifecycle.begin``
+consults it for every request given no seams of its own (SSE, WebSocket, non-streamed, batch
+lines alike). It answers None for a tenant that does not moderate: then the request runs as
+if there were no source at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +58,33 @@ class OutputFilter(Protocol):
 
 # (the request as validated, its key) -> None to pass, or the refusal shown to the client.
 InputCheck = Callable[[ParsedRequest, KeyInfo], Awaitable[str | None]]
+
+
+class RequestGuard(OutputFilter, Protocol):
+    """One request's guard: its output filter, its input check (None: input not checked),
+    and what it makes of the engine's request body before it is sent (masking, say)."""
+
+    @property
+    def input_check(self) -> InputCheck | None: ...
+
+    def rewrite(self, upstream: bytes) -> bytes: ...
+
+
+# (the request's id, the request as validated, the engine's completion tokens so far per
+# choice — updated as chunks arrive, before the filter sees them) -> its guard
+GuardBuilder = Callable[[str, ParsedRequest, Mapping[int, int]], RequestGuard]
+# the key -> the builder for its tenant's requests, or None when the tenant is not moderated
+GuardSource = Callable[[KeyInfo], Awaitable[GuardBuilder | None]]
+
+_source: list[GuardSource] = []
+
+
+def guard_source_set(source: GuardSource | None) -> None:
+    _source[:] = [source] if source is not None else []
+
+
+async def guard_for(key: KeyInfo) -> GuardBuilder | None:
+    return await _source[0](key) if _source else None
 
 
 class PassThrough:

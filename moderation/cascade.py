@@ -1,0 +1,192 @@
+"""The cascade of checks a tenant's policy runs, cheapest first: its rules, the embedded
+classifier, then a guard model on a pool (``POST /classify`` on a vLLM engine). One call
+assesses a list of texts and says, per text, what fired and what the policy does about it.
+
+The rules and the classifier run in the process (microseconds to a fraction of a
+millisecond); the guard model is a request to an engine, bounded by the policy's time budget.
+A guard that fails or runs out of time follows the policy: fail open (the text passes, the
+failure is logged as an event) or fail closed (the text is blocked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from inference.api.catalog import catalog_view
+from inference.api.upstream import TRANSPORT_ERRORS, engine_session
+from inference.engine_auth import engine_auth_headers
+from inference.models import Replica
+from moderation import classifier
+from moderation.categories import CATEGORIES
+from moderation.policy import SEVERITY, PolicySpec
+from moderation.rules import Rules
+
+log = logging.getLogger(__name__)
+
+
+class GuardFailed(Exception):
+    """The guard model could not answer within the budget (no replica, an error, too slow)."""
+
+
+@dataclass(slots=True)
+class Assessment:
+    """One text's result: scores for all 13 categories (0 where no backend measures one),
+    the categories over the policy's thresholds, the rules that fired, and the strongest
+    action that applies (``None``: nothing fired)."""
+
+    scores: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    measured: set[str] = field(default_factory=set)  # categories some backend scored
+    categories: list[str] = field(default_factory=list)
+    rules: list[str] = field(default_factory=list)  # "deny_term", "regex", "pii:card_number"
+    pii: list[tuple[str, int, int]] = field(default_factory=list)
+    action: str | None = None
+    failure: str = ""  # a backend that failed (fail open: logged; fail closed: blocked)
+
+    def escalate(self, action: str) -> None:
+        if self.action is None or SEVERITY[action] > SEVERITY[self.action]:
+            self.action = action
+
+    @property
+    def flagged(self) -> bool:
+        return self.action in ("block", "flag") or bool(self.categories)
+
+    def result(self) -> dict[str, Any]:
+        """OpenAI's moderation result (an entry of ``/v1/moderations``' ``results``)."""
+        flagged_categories = set(self.categories)
+        return {
+            "flagged": self.flagged,
+            "categories": {c: c in flagged_categories for c in CATEGORIES},
+            "category_scores": {c: round(self.scores[c], 6) for c in CATEGORIES},
+            "category_applied_input_types": {
+                c: (["text"] if c in self.measured else []) for c in CATEGORIES
+            },
+        }
+
+    def merge(self, other: Assessment) -> None:
+        """Fold another window's result into this one (an answer's output, all windows)."""
+        for name, value in other.scores.items():
+            self.scores[name] = max(self.scores[name], value)
+        self.measured |= other.measured
+        self.categories += [c for c in other.categories if c not in self.categories]
+        self.rules += [r for r in other.rules if r not in self.rules]
+        if other.action is not None:
+            self.escalate(other.action)
+        self.failure = self.failure or other.failure
+
+
+class Cascade:
+    """A tenant's compiled policy: built once per policy version, shared by its requests."""
+
+    def __init__(self, tenant_id: int, spec: PolicySpec) -> None:
+        self.tenant_id = tenant_id
+        self.spec = spec
+        self.rules = Rules(spec)
+        self.guard_model = spec.guard_model
+
+    @property
+    def needs_classifier(self) -> bool:
+        return self.spec.classifier
+
+    async def assess(self, texts: list[str], *, deadline: float | None = None) -> list[Assessment]:
+        spec = self.spec
+        if deadline is None:
+            deadline = time.monotonic() + spec.budget_ms / 1000
+        out = [Assessment() for _ in texts]
+        for text, found in zip(texts, out, strict=True):
+            hits = self.rules.check(text)
+            if hits.terms:
+                found.rules.append("deny_term")
+                found.escalate(spec.action)
+            if hits.regexes:
+                found.rules.append("regex")
+                found.escalate(spec.action)
+            if hits.pii:
+                found.pii = hits.pii
+                found.rules += sorted({f"pii:{kind}" for kind, _, _ in hits.pii})
+                # Masking is done to the text itself (``Guard.rewrite``); what is left is
+                # recorded, as for log.
+                found.escalate("block" if spec.pii_action == "block" else "log")
+        scored: list[dict[str, float]] = [{} for _ in texts]
+        if spec.classifier and any(texts):
+            scorer = classifier.classifier() if classifier.loaded() else None
+            if scorer is None:  # the first use in this process: load it off the event loop
+                try:
+                    scorer = await asyncio.wait_for(
+                        asyncio.to_thread(classifier.classifier), _left(deadline)
+                    )
+                except TimeoutError:
+                    self._failed(out, "the embedded classifier is still loading")
+            if scorer is not None:
+                for i, score in enumerate(scorer.scores(texts)):
+                    scored[i][classifier.CATEGORY] = score
+        if self.guard_model:
+            try:
+                guarded = await asyncio.wait_for(self._guard(texts), _left(deadline))
+            except (TimeoutError, GuardFailed) as exc:
+                reason = str(exc) or "it did not answer within the time budget"
+                self._failed(out, f"guard model {self.guard_model}: {reason}")
+            else:
+                for i, scores in enumerate(guarded):
+                    for name, value in scores.items():
+                        scored[i][name] = max(value, scored[i].get(name, 0.0))
+        for found, scores in zip(out, scored, strict=True):
+            for name, value in scores.items():
+                found.scores[name] = value
+                found.measured.add(name)
+                rule = spec.categories.get(name)
+                if rule is not None and value >= rule.threshold:
+                    found.categories.append(name)
+                    found.escalate(rule.action)
+        return out
+
+    def _failed(self, out: list[Assessment], reason: str) -> None:
+        for found in out:
+            found.failure = reason
+            found.escalate("log" if self.spec.fail_open else "block")
+
+    async def _guard(self, texts: list[str]) -> list[dict[str, float]]:
+        """Scores from the guard model: a sequence classifier whose labels are OpenAI's 13
+        categories in order, served on the model's online pool (vLLM ``/classify``)."""
+        catalog = await catalog_view().get()
+        model = catalog.models.get(self.guard_model)
+        pool = catalog.pools.get(model.online_pool or "") if model is not None else None
+        if model is None or pool is None:
+            raise GuardFailed("no such model serving")
+        ready = [r for r in pool.replicas.values() if r.state == Replica.State.READY]
+        if not ready:
+            raise GuardFailed("no replica ready")
+        replica = random.choice(ready)  # noqa: S311 - spreading load, not a secret
+        body = orjson.dumps({"model": model.served_name, "input": texts})
+        try:
+            async with engine_session().post(
+                replica.url.rstrip("/") + "/classify",
+                data=body,
+                headers={"content-type": "application/json", **engine_auth_headers()},
+            ) as response:
+                raw = await response.read()
+                if response.status != 200:
+                    raise GuardFailed(f"the engine answered {response.status}")
+        except TRANSPORT_ERRORS as exc:
+            raise GuardFailed(f"unreachable ({type(exc).__name__})") from exc
+        try:
+            data = orjson.loads(raw)["data"]
+            out: list[dict[str, float]] = [{} for _ in texts]
+            for row in data:
+                probs = row["probs"]
+                out[int(row["index"])] = {
+                    name: float(p) for name, p in zip(CATEGORIES, probs, strict=False)
+                }
+            return out
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            raise GuardFailed("its answer was not a classification") from exc
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())

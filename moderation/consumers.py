@@ -1,0 +1,153 @@
+"""``POST /v1/moderations`` in OpenAI's shape, through the tenant's cascade.
+
+The input is a string, a list of strings, or a list of content parts (text only: this
+deployment's checks read text). ``model`` may name a guard model the tenant may call (its
+scores are then the guard's), or OpenAI's own names (``omni-moderation-latest``,
+``text-moderation-latest``), which mean the tenant's policy; without a policy, the default
+one (the embedded classifier, every category at 0.8). Limited and metered as a request: the
+key's request rate and concurrency apply, and the ledger gets one record with no tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from contract import UsageRecord
+from inference.api import limits, metering
+from inference.api.catalog import catalog_view
+from inference.api.consumers import JSON, GatewayHttpConsumer
+from inference.api.errors import invalid_request, model_not_found
+from inference.api.lua import Batch
+from moderation import classifier
+from moderation.cascade import Cascade
+from moderation.categories import CATEGORIES
+from moderation.gateway import MODEL_NAME, policy_view
+from moderation.policy import CategoryRule, PolicySpec
+from moderation.services import DEFAULT_THRESHOLD
+
+MAX_INPUTS = 32
+MAX_INPUT_CHARS = 32_000
+OPENAI_MODELS = frozenset(
+    {"omni-moderation-latest", "omni-moderation-2024-09-26", "text-moderation-latest",
+     "text-moderation-stable", MODEL_NAME}
+)  # fmt: skip
+
+
+class _TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: Annotated[str, Field(max_length=MAX_INPUT_CHARS)]
+
+
+class _ImagePart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["image_url"]
+    image_url: dict[str, Any]
+
+
+Text = Annotated[str, Field(max_length=MAX_INPUT_CHARS)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    input: (
+        Text
+        | Annotated[list[Text], Field(min_length=1, max_length=MAX_INPUTS)]
+        | Annotated[list[_TextPart | _ImagePart], Field(min_length=1, max_length=MAX_INPUTS)]
+    )
+    model: Annotated[str, Field(min_length=1, max_length=300)] | None = None
+
+
+def _default_spec() -> PolicySpec:
+    return PolicySpec(
+        categories={c: CategoryRule(threshold=DEFAULT_THRESHOLD, action="flag") for c in CATEGORIES}
+    )
+
+
+_DEFAULT: dict[str, Cascade] = {}
+
+
+def parse(body: bytes) -> tuple[list[str], str | None]:
+    try:
+        request = _Request.model_validate_json(body or b"{}")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("list[", "str")))
+        if first["type"] == "json_invalid":
+            raise invalid_request("We could not parse the JSON body of your request.") from None
+        raise invalid_request(
+            f"Invalid value for {where or 'the body'}: {first['msg']}. 'input' is a string, "
+            "a list of strings, or a list of text parts.",
+            param=where.split(".")[0] or None,
+        ) from None
+    given = request.input
+    if isinstance(given, str):
+        return [given], request.model
+    texts: list[str] = []
+    for item in given:
+        if isinstance(item, str):
+            texts.append(item)
+        elif isinstance(item, _TextPart):
+            texts.append(item.text)
+        else:
+            raise invalid_request(
+                "Image inputs are not supported by this deployment's moderation; send text.",
+                param="input",
+            )
+    return texts, request.model
+
+
+class ModerationsConsumer(GatewayHttpConsumer):
+    async def handle_request(self, body: bytes) -> None:
+        started, t0 = datetime.now(UTC), time.perf_counter()
+        key = self.checked_key
+        texts, model = parse(body)
+        cascade = await policy_view().cascade(key.tenant_id)
+        if cascade is None:
+            cascade = _DEFAULT.setdefault("", Cascade(0, _default_spec()))
+        name = model or "omni-moderation-latest"
+        if model is not None and model not in OPENAI_MODELS:
+            catalog = await catalog_view().get()
+            if catalog.callable(model, key.tenant_id) is None:
+                raise model_not_found(model)
+            cascade = Cascade(
+                key.tenant_id, msgspec.structs.replace(cascade.spec, guard_model=model)
+            )
+        if not classifier.loaded() and cascade.spec.classifier:
+            await asyncio.to_thread(classifier.classifier)  # a process's first use: ~1 s
+        rid = uuid.uuid4().hex
+        grant = await limits.acquire(key, rid=rid, estimate=0)
+        status = "error"
+        try:
+            found = await cascade.assess(texts)
+            answer = {
+                "id": f"modr-{rid}",
+                "model": name,
+                "results": [f.result() for f in found],
+            }
+            status = "ok"
+        finally:
+            record = UsageRecord(
+                request_id=rid,
+                tenant_id=key.tenant_id,
+                api_key_id=key.key_id,
+                model=cascade.guard_model or MODEL_NAME,
+                endpoint="moderations",
+                status=status,
+                duration_ms=int((time.perf_counter() - t0) * 1000),
+                started_at=started,
+                finished_at=datetime.now(UTC),
+            )
+            pipe = Batch()
+            grant.release_into(pipe, 0, 0)
+            metering.spool_into(pipe, record)
+            await pipe.execute()
+        await self.send_response(200, orjson.dumps(answer), headers=[JSON, *grant.headers])

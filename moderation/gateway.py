@@ -1,0 +1,463 @@
+"""Moderation on the request path: each web process's copy of the policies, and the guard a
+moderated request runs through (``inference.api.seams``: an input check beside the upstream
+request, an output filter over its stream). Registered with the gateway when the app is
+ready (``moderation.apps``), so SSE, WebSocket, non-streamed answers and batch lines are all
+moderated the same way, and a tenant without a policy pays nothing.
+
+**Input.** The prompt's text (every message, every prompt) goes through the tenant's cascade
+while the engine does its prefill; the first token is released only once it passed. Token-id
+prompts carry no text to read: the policy's fail-open/closed choice decides them.
+
+**Output.** Each choice's text is checked on a sliding window: every ``window - overlap``
+tokens, the last ``window`` tokens, so a phrase of up to ``overlap`` tokens that straddles two
+windows is still seen whole. ``async`` mode releases tokens at once and cuts within one window
+of the violation; ``hold`` mode releases text only once a window that contains it has passed
+(and keeps the overlap back until the next one has), so no unchecked text reaches the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import msgspec
+import orjson
+from redis.exceptions import RedisError
+
+from inference.api.auth import KeyInfo
+from inference.api.db import run_db
+from inference.api.redis import redis_async
+from inference.api.schema import ParsedRequest
+from inference.api.seams import Chunk, GuardBuilder, InputCheck, Screened
+from moderation import classifier
+from moderation.cascade import Assessment, Cascade
+from moderation.policy import SEVERITY, PolicySpec, Snapshot, snapshot_decoder
+from moderation.publishing import POLICIES_KEY, VERSION_KEY, policies_publish
+from moderation.rules import mask
+from moderation.services import EVENTS_STREAM
+
+log = logging.getLogger(__name__)
+
+REFRESH_SECONDS = 1.0
+MODEL_NAME = "inferplane-moderation"
+
+
+class PolicyView:
+    """This process's policies, refreshed every second in the background: one ``GET`` of the
+    version, the snapshot fetched only when it changed; rebuilt from Postgres when Redis has
+    none. Compiled cascades are kept per (tenant, policy version)."""
+
+    def __init__(self) -> None:
+        self.version: bytes | None = None
+        self.policies: Snapshot | None = None
+        self.cascades: dict[int, Cascade] = {}
+        self.task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> Snapshot:
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._refresh_forever())
+        if self.policies is None:
+            await self.refresh()
+        return self.policies or {}
+
+    async def cascade(self, tenant_id: int) -> Cascade | None:
+        spec = (await self.get()).get(tenant_id)
+        if spec is None:
+            return None
+        found = self.cascades.get(tenant_id)
+        if found is None or found.spec.version != spec.version or found.spec != spec:
+            found = self.cascades[tenant_id] = Cascade(tenant_id, spec)
+        return found
+
+    async def refresh(self) -> None:
+        async with self._lock:
+            client = redis_async()
+            version = cast(bytes | None, await client.get(VERSION_KEY))
+            if version is not None and version == self.version and self.policies is not None:
+                return
+            raw = await client.get(POLICIES_KEY) if version is not None else None
+            policies: Snapshot | None = None
+            if raw is not None:
+                try:
+                    policies = snapshot_decoder.decode(raw)
+                except msgspec.DecodeError:
+                    log.warning("moderation policies in Redis unreadable: republishing them")
+            if policies is None:
+                number, rebuilt = await run_db(policies_publish)
+                policies, version = rebuilt, str(number).encode()
+            known: Snapshot = policies
+            self.version, self.policies = version, known
+            self.cascades = {t: c for t, c in self.cascades.items() if t in known}
+            if any(spec.classifier for spec in known.values()) and not classifier.loaded():
+                # Load the embedded classifier now, off the loop, not in a request's budget.
+                asyncio.get_running_loop().run_in_executor(None, classifier.classifier)
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_SECONDS)
+            try:
+                await self.refresh()
+            except Exception:  # Redis or the database away: keep the last copy
+                log.warning("could not refresh the moderation policies", exc_info=True)
+
+
+_views: dict[asyncio.AbstractEventLoop, PolicyView] = {}
+
+
+def policy_view() -> PolicyView:
+    loop = asyncio.get_running_loop()
+    view = _views.get(loop)
+    if view is None:
+        view = _views[loop] = PolicyView()
+    return view
+
+
+# --- events -----------------------------------------------------------------------------------
+
+
+async def record_event(
+    cascade: Cascade,
+    *,
+    key: KeyInfo,
+    rid: str,
+    where: str,
+    found: Assessment,
+    text: str,
+) -> None:
+    """One event, through the Redis stream the worker moves into Postgres
+    (``moderation_events_flush``); the text only when the tenant opted in."""
+    event = {
+        "tenant_id": cascade.tenant_id,
+        "request_id": rid,
+        "where": where,
+        "action": found.action or "log",
+        "categories": found.categories,
+        "rules": found.rules,
+        "failure": found.failure,
+        "text": text[:4000] if cascade.spec.store_text else "",
+        "key_prefix": key.prefix,
+        "at": time.time(),
+    }
+    try:
+        await redis_async().xadd(EVENTS_STREAM, {"e": orjson.dumps(event)})
+    except RedisError:
+        log.warning("moderation event lost (Redis unavailable): %s", event | {"text": ""})
+
+
+# --- the input --------------------------------------------------------------------------------
+
+
+def _parts_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text") or "")
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def input_texts(parsed: ParsedRequest) -> list[str] | None:
+    """The request's text as the checks read it (one text: the conversation or the prompts);
+    None for token ids, which carry no text to read."""
+    body = parsed.body
+    if parsed.endpoint == "chat.completions":
+        return ["\n".join(_parts_text(m.get("content")) for m in body.get("messages") or ())]
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return ["\n".join(prompt)]
+    return None
+
+
+def _mask_body(upstream: bytes, assess_pii: Any) -> bytes:
+    body = orjson.loads(upstream)
+    changed = False
+
+    def masked(text: str) -> str:
+        nonlocal changed
+        spans = assess_pii(text)
+        if spans:
+            changed = True
+            return mask(text, spans)
+        return text
+
+    for message in body.get("messages") or ():
+        content = message.get("content")
+        if isinstance(content, str):
+            message["content"] = masked(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    part["text"] = masked(part["text"])
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        body["prompt"] = masked(prompt)
+    elif isinstance(prompt, list):
+        body["prompt"] = [masked(p) if isinstance(p, str) else p for p in prompt]
+    return orjson.dumps(body) if changed else upstream
+
+
+# --- one request ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Choice:
+    # The choice's text as it came: (the engine's completion tokens up to the end of this
+    # delta, the delta's text). A delta can carry several tokens (the engine merges steps
+    # when its stream is read slower than it generates), so tokens are the engine's count.
+    parts: list[tuple[int, str]] = field(default_factory=list)
+    tokens: int = 0
+    checked: int = 0  # tokens checked so far
+    held: deque[tuple[int, Chunk]] = field(default_factory=deque)  # (tokens up to it, chunk)
+
+    def window(self, size: int) -> str:
+        """The text of the last ``size`` tokens (a delta that straddles the edge, whole)."""
+        start = self.tokens - size
+        i = len(self.parts)
+        while i > 0 and self.parts[i - 1][0] > start:
+            i -= 1
+        return "".join(text for _, text in self.parts[i:])
+
+
+class Guarded:
+    """One request's guard: its input check and its output filter. What they found is shown
+    to the client, when the policy flags, as OpenAI shows moderated completions: a
+    ``moderation`` object (``input`` and ``output`` results) on the non-streamed answer, or on
+    a chunk of its own at the end of a stream, before the usage chunk."""
+
+    def __init__(
+        self,
+        cascade: Cascade,
+        *,
+        key: KeyInfo,
+        rid: str,
+        parsed: ParsedRequest,
+        tokens: Mapping[int, int],
+    ):
+        self.cascade = cascade
+        self.tokens = tokens
+        self.spec: PolicySpec = cascade.spec
+        self.key = key
+        self.rid = rid
+        self.chat = parsed.endpoint == "chat.completions"
+        self.model = parsed.model
+        self.head: Chunk | None = None  # the first chunk: its id and creation time
+        self.choices: dict[int, _Choice] = {}
+        self.tail: list[Chunk] = []  # what follows the text (the usage chunk)
+        self.input_found: Assessment | None = None
+        self.output_found: Assessment | None = None
+        self.show = False  # a flag fired: the answer carries the moderation object
+        self.output_action: str | None = None  # the strongest output event recorded
+        self.checks: list[asyncio.Task[tuple[int, str, Assessment]]] = []
+        spec = self.spec
+        self.hold = spec.output_mode == "hold"
+        self.window = spec.window_tokens
+        self.overlap = spec.overlap_tokens
+        self.step = max(1, spec.window_tokens - spec.overlap_tokens)
+        self.remote = bool(cascade.guard_model)
+
+    @property
+    def input_check(self) -> InputCheck | None:
+        return self.check_input if self.spec.check_input else None
+
+    # the input check (seams.InputCheck)
+    async def check_input(self, parsed: ParsedRequest, key: KeyInfo) -> str | None:
+        texts = input_texts(parsed)
+        if texts is None:
+            found = Assessment(failure="token-id prompts carry no text to check")
+            found.escalate("log" if self.spec.fail_open else "block")
+            text = ""
+        else:
+            found = (await self.cascade.assess(texts))[0]
+            text = texts[0]
+        self.input_found = found
+        if found.action is None:
+            return None
+        await record_event(
+            self.cascade, key=key, rid=self.rid, where="input", found=found, text=text
+        )
+        if found.action == "block":
+            if found.failure and not found.categories and not found.rules:
+                return "The request could not be checked by moderation and was not processed."
+            return _refusal("Your request", found)
+        if found.action == "flag":
+            self.show = True
+        return None
+
+    def rewrite(self, upstream: bytes) -> bytes:
+        """PII masked in the prompt before the engine sees it (``pii_action: mask``)."""
+        if self.spec.pii_action != "mask":
+            return upstream
+        return _mask_body(upstream, lambda text: self.cascade.rules.check(text).pii)
+
+    # the output filter (seams.OutputFilter)
+    async def screen(self, batch: list[Chunk]) -> Screened:
+        release: list[Chunk] = []
+        check = self.spec.check_output
+        for chunk in batch:
+            choices = chunk.get("choices")
+            if not choices:
+                self.tail.append(chunk)  # the usage chunk: the stream's last, kept for end()
+                continue
+            if self.head is None:
+                self.head = chunk
+            if not check:
+                release.append(chunk)
+                continue
+            c = choices[0]
+            index = int(c.get("index") or 0)
+            state = self.choices.get(index)
+            if state is None:
+                state = self.choices[index] = _Choice()
+            text = (c.get("delta") or {}).get("content") if self.chat else c.get("text")
+            if text:
+                # The engine's count when it gave one (continuous usage stats), else a token.
+                state.tokens = max(state.tokens + 1, self.tokens.get(index, 0))
+                state.parts.append((state.tokens, text))
+            finished = bool(c.get("finish_reason"))
+            held = self.hold and bool(text or state.held)
+            if held:
+                state.held.append((state.tokens, chunk))
+            if state.tokens - state.checked >= self.step or (
+                finished and state.tokens > state.checked
+            ):
+                # Async mode: the chunk that completes a window goes out only once it passed.
+                cut = await self._window(index, state, final=finished, release=release)
+                if cut is not None:
+                    return Screened(release, cut)
+            elif finished and self.hold:
+                self._release(state, state.tokens, release)
+            if not held:
+                release.append(chunk)
+        return Screened(release, await self._collect(release, wait=False))
+
+    async def end(self) -> Screened:
+        release: list[Chunk] = []
+        for index, state in self.choices.items():
+            if state.tokens > state.checked:
+                cut = await self._window(index, state, final=True, release=release)
+                if cut is not None:
+                    return Screened(release, cut)
+            self._release(state, state.tokens, release)
+        cut = await self._collect(release, wait=True)
+        if cut is not None:
+            return Screened(release, cut)
+        if self.show:
+            release.append(self._moderation_chunk())
+        release += self.tail
+        self.tail = []
+        return Screened(release)
+
+    def _moderation_chunk(self) -> Chunk:
+        head = self.head or {}
+        return {
+            "id": head.get("id", f"cmpl-{self.rid}"),
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": head.get("created", int(time.time())),
+            "model": self.model,
+            "choices": [],
+            "moderation": {
+                "input": _results(self.input_found),
+                "output": _results(self.output_found),
+            },
+        }
+
+    def _release(self, state: _Choice, upto: int, release: list[Chunk]) -> None:
+        while state.held and state.held[0][0] <= upto:
+            release.append(state.held.popleft()[1])
+
+    async def _window(
+        self, index: int, state: _Choice, *, final: bool, release: list[Chunk]
+    ) -> str | None:
+        """Check choice ``index``'s last window; in hold mode, release what it cleared."""
+        end = state.tokens
+        text = state.window(self.window)
+        state.checked = end
+        if self.hold or not self.remote:
+            # Local checks take well under a millisecond: done here, nothing runs behind.
+            found = (await self.cascade.assess([text]))[0]
+            cut = await self._verdict(index, text, found)
+            if cut is None and self.hold:
+                self._release(state, end if final else end - self.overlap, release)
+            return cut
+        # Async mode with a guard model: the check runs while tokens flow; the previous one
+        # must be in before the next starts, so a violation is cut within one window.
+        cut = await self._collect(release, wait=True)
+        if cut is None:
+            self.checks.append(asyncio.create_task(self._checked(index, text)))
+        return cut
+
+    async def _checked(self, index: int, text: str) -> tuple[int, str, Assessment]:
+        return index, text, (await self.cascade.assess([text]))[0]
+
+    async def _collect(self, release: list[Chunk], *, wait: bool) -> str | None:
+        while self.checks and (wait or self.checks[0].done()):
+            index, text, found = await self.checks.pop(0)
+            cut = await self._verdict(index, text, found)
+            if cut is not None:
+                self.cancel()
+                return cut
+        return None
+
+    async def _verdict(self, index: int, text: str, found: Assessment) -> str | None:
+        if self.output_found is None:
+            self.output_found = Assessment()
+        self.output_found.merge(found)
+        action = found.action
+        if action is None:
+            return None
+        if self.output_action is None or SEVERITY[action] > SEVERITY[self.output_action]:
+            self.output_action = action
+            await record_event(
+                self.cascade, key=self.key, rid=self.rid, where="output", found=found, text=text
+            )
+        if action == "flag":
+            self.show = True
+        if action == "block":
+            return _refusal(f"Choice {index}'s output", found)
+        return None
+
+    def cancel(self) -> None:
+        for task in self.checks:
+            task.cancel()
+        self.checks = []
+
+
+def _results(found: Assessment | None) -> dict[str, Any]:
+    """One side of OpenAI's ``ChatCompletionModeration``: the results, or why there are none."""
+    if found is not None and found.failure and not found.measured and not found.rules:
+        return {"type": "error", "code": "moderation_unavailable", "message": found.failure}
+    results = (
+        []
+        if found is None
+        else [found.result() | {"type": "moderation_result", "model": MODEL_NAME}]
+    )
+    return {"type": "moderation_results", "model": MODEL_NAME, "results": results}
+
+
+def _refusal(what: str, found: Assessment) -> str:
+    reasons = [*found.categories, *found.rules] or ["moderation unavailable"]
+    return f"{what} was blocked by this organization's content policy ({', '.join(reasons)})."
+
+
+async def guard_source(key: KeyInfo) -> GuardBuilder | None:
+    """The gateway's guard source (``seams.guard_source_set``): a builder of guards for the
+    key's tenant, or None when it does not moderate (then nothing here runs for it)."""
+    cascade = await policy_view().cascade(key.tenant_id)
+    if cascade is None or not (cascade.spec.check_input or cascade.spec.check_output):
+        return None
+
+    def build(rid: str, parsed: ParsedRequest, tokens: Mapping[int, int]) -> Guarded:
+        return Guarded(cascade, key=key, rid=rid, parsed=parsed, tokens=tokens)
+
+    return build

@@ -1,0 +1,56 @@
+"""Every tenant's policy, as the gateways hold it, in Redis: ``ip:moderation:policies`` (the
+snapshot, ``moderation.policy.Snapshot``) and ``ip:moderation:version`` (what the gateways
+poll every second; they fetch the snapshot only when it changed)."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from controlplane.redis import redis_sync
+from moderation.models import ModerationPolicy
+from moderation.policy import CategoryRule, PolicySpec, Snapshot
+
+POLICIES_KEY = "ip:moderation:policies"
+VERSION_KEY = "ip:moderation:version"
+
+
+def policy_spec(policy: ModerationPolicy) -> PolicySpec:
+    return PolicySpec(
+        version=int(policy.updated_at.timestamp() * 1_000_000) if policy.updated_at else 0,
+        check_input=policy.check_input,
+        check_output=policy.check_output,
+        action=policy.action,  # type: ignore[arg-type]
+        categories={
+            name: CategoryRule(threshold=float(rule["threshold"]), action=rule["action"])
+            for name, rule in (policy.categories or {}).items()
+        },
+        deny_terms=list(policy.deny_terms or ()),
+        regexes=list(policy.regexes or ()),
+        pii_action=policy.pii_action,  # type: ignore[arg-type]
+        classifier=policy.classifier,
+        guard_model=policy.guard_model,
+        output_mode=policy.output_mode,  # type: ignore[arg-type]
+        window_tokens=policy.window_tokens,
+        overlap_tokens=policy.overlap_tokens,
+        fail_open=policy.fail_open,
+        budget_ms=policy.budget_ms,
+        store_text=policy.store_text,
+    )
+
+
+def policies_build() -> Snapshot:
+    return {p.tenant_id: policy_spec(p) for p in ModerationPolicy.objects.filter(enabled=True)}
+
+
+def policies_publish() -> tuple[int, Snapshot]:
+    """Publish every policy; returns (the version, the snapshot). Called after each change
+    (on commit) and by a periodic task, so a publish Redis missed heals within a minute."""
+    snapshot = policies_build()
+    version = time.time_ns()
+    pipe = redis_sync().pipeline(transaction=True)
+    pipe.set(POLICIES_KEY, msgspec.json.encode(snapshot))
+    pipe.set(VERSION_KEY, version)
+    pipe.execute()
+    return version, snapshot

@@ -1,0 +1,146 @@
+"""Writes: a tenant's policy saved (and published to the gateways), events stored."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import msgspec
+import redis
+from django.db import transaction
+
+from controlplane.redis import redis_sync
+from moderation.categories import CATEGORIES
+from moderation.models import ModerationEvent, ModerationPolicy
+from moderation.policy import ACTIONS, PolicyInvalid, policy_check
+from moderation.publishing import policies_publish, policy_spec
+from tenants.models import Tenant, User
+from tenants.services import audit_record
+
+log = logging.getLogger(__name__)
+
+EVENTS_STREAM = "ip:moderation:events"
+FLUSH_BATCH = 1000
+DEFAULT_THRESHOLD = 0.8
+
+# What a save may change; the rest of the row is the service's.
+FIELDS = (
+    "enabled",
+    "check_input",
+    "check_output",
+    "action",
+    "categories",
+    "deny_terms",
+    "regexes",
+    "pii_action",
+    "classifier",
+    "guard_model",
+    "output_mode",
+    "window_tokens",
+    "overlap_tokens",
+    "fail_open",
+    "budget_ms",
+    "store_text",
+)
+
+
+def _publish_quietly() -> None:
+    try:
+        policies_publish()
+    except redis.RedisError:
+        # The periodic publish (moderation.tasks) retries within a minute.
+        log.warning("moderation policies not published: Redis unavailable", exc_info=True)
+
+
+def default_categories(action: str) -> dict[str, dict[str, Any]]:
+    return {name: {"threshold": DEFAULT_THRESHOLD, "action": action} for name in CATEGORIES}
+
+
+@transaction.atomic
+def moderation_policy_set(
+    *, tenant: Tenant, changes: Mapping[str, Any], actor: User | None
+) -> ModerationPolicy:
+    """Create or change the tenant's policy. Raises ``PolicyInvalid`` (with the field and the
+    reason) for a policy that cannot work; nothing is saved then. Every web process applies
+    the change within two seconds (``moderation.gateway`` polls every second)."""
+    unknown = set(changes) - set(FIELDS)
+    if unknown:
+        raise PolicyInvalid(sorted(unknown)[0], "not a policy field")
+    policy = ModerationPolicy.objects.select_for_update().filter(tenant=tenant).first()
+    created = policy is None
+    if policy is None:
+        action = str(changes.get("action", "block"))
+        policy = ModerationPolicy(tenant=tenant, categories=default_categories(action))
+    for name, value in changes.items():
+        setattr(policy, name, value)
+    if policy.action not in ACTIONS:
+        raise PolicyInvalid("action", f"must be one of {', '.join(ACTIONS)}")
+    policy.deny_terms = _dedupe([str(t).strip() for t in policy.deny_terms or ()])
+    policy.regexes = _dedupe([str(r) for r in policy.regexes or ()])
+    policy.updated_at = datetime.now(UTC)
+    try:
+        policy_check(policy_spec(policy))
+    except (msgspec.ValidationError, KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, PolicyInvalid):
+            raise
+        raise PolicyInvalid("categories", f"not a valid category rule: {exc}") from exc
+    policy.save()
+    audit_record(
+        actor=actor,
+        tenant=tenant,
+        action="moderation.policy_created" if created else "moderation.policy_changed",
+        target=policy,
+        details={k: v for k, v in changes.items() if k not in ("deny_terms", "regexes")},
+    )
+    transaction.on_commit(_publish_quietly)
+    return policy
+
+
+def _dedupe(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(v for v in values if v))
+
+
+def moderation_events_flush(*, max_batches: int = 20) -> int:
+    """Move the gateways' events from the Redis stream into Postgres. Idempotent (each
+    event's stream id is unique in the table), so flushers may overlap; entries are deleted
+    only once stored."""
+    client = redis_sync()
+    stored = 0
+    for _ in range(max_batches):
+        entries = cast(
+            list[tuple[bytes, dict[bytes, bytes]]], client.xrange(EVENTS_STREAM, count=FLUSH_BATCH)
+        )
+        if not entries:
+            break
+        rows = []
+        for entry_id, fields in entries:
+            try:
+                data = msgspec.json.decode(fields[b"e"])
+                rows.append(
+                    ModerationEvent(
+                        event_id=entry_id.decode(),
+                        tenant_id=int(data["tenant_id"]),
+                        request_id=str(data["request_id"])[:64],
+                        where=data["where"],
+                        action=data["action"],
+                        categories=list(data.get("categories") or ()),
+                        rules=list(data.get("rules") or ()),
+                        failure=str(data.get("failure") or "")[:300],
+                        text=str(data.get("text") or "")[:4000],
+                        key_prefix=str(data.get("key_prefix") or "")[:32],
+                        created_at=datetime.fromtimestamp(float(data["at"]), tz=UTC),
+                    )
+                )
+            except (KeyError, TypeError, ValueError, msgspec.DecodeError):
+                log.error("moderation event unreadable, dropped: %r", fields)
+        tenants = set(
+            Tenant.objects.filter(pk__in={r.tenant_id for r in rows}).values_list("pk", flat=True)
+        )
+        ModerationEvent.objects.bulk_create(
+            [r for r in rows if r.tenant_id in tenants], ignore_conflicts=True
+        )
+        client.xdel(EVENTS_STREAM, *[entry_id for entry_id, _ in entries])
+        stored += len(rows)
+    return stored

@@ -1,0 +1,440 @@
+"""Moderation on a live stack (web, worker, beat) in front of the real tiny vLLM engine: a
+deny term taken from what the model really says, then banned, cuts that same greedy answer
+over SSE, WebSocket and non-streamed, for n > 1 too; a banned word in the prompt never gets an
+answer; flag and log leave the answer alone and record events; a policy change applies within
+two seconds; a guard that fails follows fail-open or fail-closed; ``/v1/moderations`` through
+the ``openai`` SDK."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from billing.models import UsageRecord
+from inference.models import Replica
+from inference.services import model_ensure, pool_ensure, replica_probe
+from moderation.categories import CATEGORIES
+from moderation.models import ModerationEvent
+from moderation.services import moderation_events_flush, moderation_policy_set
+from tenants.models import Tenant
+from tests.inference.test_websocket import _until_end, _ws
+from tests.live import settled_counters, wait_for
+from tests.serving import World
+
+pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
+
+PROMPT = [{"role": "user", "content": "Tell me a long story about the sea."}]
+TOKENS = 60  # the greedy answer a word is taken from
+LONG = 600  # what a cut request asks for: the engine must be stopped well before
+WINDOW = 8
+OVERLAP = 4
+
+
+def _body(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": "tiny-chat",
+        "messages": PROMPT,
+        "max_tokens": TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
+
+
+def _sse(world: World, key: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+    """The chunks of one streamed answer, and whether it ended with ``[DONE]``."""
+    chunks, done = [], False
+    with httpx.stream(
+        "POST",
+        f"{world.stack.url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json=body | {"stream": True},
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                chunks.append(json.loads(line[6:]))
+    return chunks, done
+
+
+def _texts(chunks: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """Each choice's deltas, in order (one per token the engine streamed)."""
+    out: dict[int, list[str]] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices") or ():
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                out.setdefault(choice["index"], []).append(content)
+    return out
+
+
+def _finish(chunks: list[dict[str, Any]]) -> dict[int, str]:
+    return {
+        c["index"]: c["finish_reason"]
+        for chunk in chunks
+        for c in chunk.get("choices") or ()
+        if c.get("finish_reason")
+    }
+
+
+def _deltas(chunks: list[dict[str, Any]], index: int = 0) -> list[tuple[str, int]]:
+    """Choice ``index``'s deltas as (text, tokens in it): with ``logprobs`` on, each delta
+    lists one entry per token (the engine merges steps into one delta when it runs ahead)."""
+    out = []
+    for chunk in chunks:
+        for choice in chunk.get("choices") or ():
+            content = (choice.get("delta") or {}).get("content")
+            if choice["index"] == index and content:
+                out.append((content, len((choice.get("logprobs") or {}).get("content") or ())))
+    return out
+
+
+def _greedy(world: World, key: str) -> list[tuple[str, int]]:
+    chunks, _ = _sse(world, key, _body(logprobs=True))
+    return _deltas(chunks)
+
+
+def _term(deltas: list[tuple[str, int]]) -> tuple[str, int]:
+    """A word the model really writes, well into its answer, and the token where it starts
+    (that word's first appearance: the one a deny list would catch first)."""
+    text = "".join(t for t, _ in deltas)
+    for match in re.finditer(r"(?<![\w])[A-Za-z]{3,}(?![\w])", text):
+        first = re.search(rf"(?<![\w]){re.escape(match.group())}(?![\w])", text, re.IGNORECASE)
+        assert first is not None
+        chars = tokens = 0
+        for delta, count in deltas:  # the tokens before the delta the word starts in
+            if chars + len(delta) > first.start():
+                break
+            chars, tokens = chars + len(delta), tokens + count
+        if tokens >= 2 * WINDOW:
+            return match.group(), tokens
+    pytest.fail(f"no usable word in the tiny model's answer: {text!r}")
+
+
+def _policy(tenant: Tenant, **changes: Any) -> None:
+    changes.setdefault("classifier", False)  # the tiny model's words are not profane
+    changes.setdefault("window_tokens", WINDOW)
+    changes.setdefault("overlap_tokens", OVERLAP)
+    moderation_policy_set(tenant=tenant, changes=changes, actor=None)
+
+
+def _record(world: World, tenant: Tenant, count: int = 1) -> list[UsageRecord]:
+    records: list[UsageRecord] = wait_for(
+        lambda: len(r := world.records(tenant=tenant)) >= count and r, timeout=30
+    )
+    return records
+
+
+def _events(tenant: Tenant, count: int = 1) -> list[ModerationEvent]:
+    def found() -> list[ModerationEvent] | None:
+        moderation_events_flush()
+        events = list(ModerationEvent.objects.filter(tenant=tenant).order_by("id"))
+        return events if len(events) >= count else None
+
+    result: list[ModerationEvent] = wait_for(found, timeout=20)
+    return result
+
+
+@dataclass
+class Banned:
+    """A tenant, its key, the model's greedy answer (one entry per token), a word of it and
+    the token where that word first starts."""
+
+    tenant: Tenant
+    key: str
+    text: str
+    term: str
+    at: int
+
+
+@pytest.fixture
+def banned(world: World) -> Banned:
+    tenant, key = world.tenant()
+    deltas = _greedy(world, key)
+    term, at = _term(deltas)
+    return Banned(tenant, key, "".join(t for t, _ in deltas), term, at)
+
+
+def _twice(**extra: Any) -> dict[str, Any]:
+    """Two choices of the same greedy answer: vLLM refuses n > 1 at temperature 0, and
+    sampling from the top token alone is the same thing."""
+    return _body(n=2, temperature=1.0, top_k=1, **extra)
+
+
+def _sdk(**body: Any) -> dict[str, Any]:
+    """A body as the openai SDK takes it (vLLM's extras under extra_body)."""
+    extra = {k: body.pop(k) for k in ("ignore_eos", "top_k") if k in body}
+    return body | {"extra_body": extra}
+
+
+def _ban(world: World, tenant: Tenant, key: str, term: str, **changes: Any) -> None:
+    _policy(tenant, deny_terms=[term], **changes)
+    time.sleep(2.1)  # the promise: every web process has it within two seconds
+
+
+def test_hold_mode_never_lets_the_banned_word_reach_the_client(
+    world: World, banned: Banned
+) -> None:
+    tenant = banned.tenant
+    key = banned.key
+    text = banned.text
+    term = banned.term
+    _ban(world, tenant, key, term, output_mode="hold")
+    engine = world.engines[0]
+    before = settled_counters(engine)
+    chunks, done = _sse(world, key, _body(max_tokens=LONG, stream_options={"include_usage": True}))
+    delivered = "".join(_texts(chunks).get(0, []))
+    assert done and _finish(chunks) == {0: "content_filter"}
+    assert term.lower() not in delivered.lower()
+    assert text.startswith(delivered)  # what came is the answer, up to the cut
+    usage = chunks[-1]["usage"]
+    record = _record(world, tenant, 2)[-1]
+    after = settled_counters(engine)
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert record.status == "content_filter"
+    assert usage["completion_tokens"] == record.completion_tokens
+    # Billed for what the engine made, not for what the client was shown (one decode step
+    # in flight at the abort may be counted by the engine and never streamed: README).
+    assert record.completion_tokens > len(_texts(chunks).get(0, []))
+    assert 0 <= generated - record.completion_tokens <= 1
+    assert record.completion_tokens < LONG // 2  # the engine was stopped
+    event = _events(tenant)[0]
+    assert (event.where, event.action, event.rules) == ("output", "block", ["deny_term"])
+    assert event.text == ""  # no text unless the tenant opts in
+
+
+def test_async_mode_cuts_within_one_window(world: World, banned: Banned) -> None:
+    tenant = banned.tenant
+    key = banned.key
+    text = banned.text
+    term = banned.term
+    at = banned.at
+    _ban(world, tenant, key, term, output_mode="async")
+    chunks, done = _sse(world, key, _body(logprobs=True))
+    deltas = _deltas(chunks)
+    delivered = sum(count for _, count in deltas)
+    assert done and _finish(chunks) == {0: "content_filter"}
+    assert text.startswith("".join(t for t, _ in deltas))
+    assert at <= delivered  # async: tokens flowed up to the word ...
+    assert delivered - at <= WINDOW  # ... and at most one window after it began
+
+
+def test_non_streamed_and_n_2_are_cut_too(world: World, banned: Banned) -> None:
+    tenant = banned.tenant
+    key = banned.key
+    text = banned.text
+    term = banned.term
+    _ban(world, tenant, key, term, output_mode="hold")
+    client = world.stack.openai(key)
+    answer = client.chat.completions.create(**_sdk(**_twice()))
+    texts = [c.message.content for c in answer.choices]
+    assert [c.finish_reason for c in answer.choices] == ["content_filter"] * 2, (term, texts)
+    for choice in answer.choices:
+        given = choice.message.content or ""
+        assert text.startswith(given) and term.lower() not in given.lower()
+    record = _record(world, tenant, 2)[-1]
+    assert record.status == "content_filter"
+    assert answer.usage is not None and answer.usage.completion_tokens == record.completion_tokens
+    # Streamed with n=2: both choices end with content_filter.
+    chunks, done = _sse(world, key, _twice())
+    assert done and _finish(chunks) == {0: "content_filter", 1: "content_filter"}
+
+
+def test_the_websocket_is_cut_the_same_way(world: World, banned: Banned) -> None:
+    tenant = banned.tenant
+    key = banned.key
+    term = banned.term
+    _ban(world, tenant, key, term, output_mode="hold")
+    with _ws(world, key) as ws:
+        ws.send(json.dumps({"type": "request", "id": "m1", "body": _body()}))
+        messages = _until_end(ws, "m1")
+    chunks = [m["data"] for m in messages if m["type"] == "chunk"]
+    assert messages[-1]["type"] == "done"
+    assert _finish(chunks) == {0: "content_filter"}
+    assert term.lower() not in "".join(_texts(chunks).get(0, [])).lower()
+
+
+def test_a_banned_word_in_the_prompt_gets_no_answer_and_stops_the_engine(
+    world: World, banned: Banned
+) -> None:
+    tenant = banned.tenant
+    key = banned.key
+    term = banned.term
+    _ban(world, tenant, key, term)
+    engine = world.engines[0]
+    before = settled_counters(engine)
+    prompt = [{"role": "user", "content": f"Please write about {term} for a while."}]
+    response = httpx.post(
+        f"{world.stack.url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json=_body(messages=prompt, max_tokens=800, stream=True),
+        timeout=60,
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "content_policy_violation"
+    assert error["type"] == "invalid_request_error"
+    record = _record(world, tenant, 2)[-1]
+    after = settled_counters(engine)
+    assert record.status == "content_filter" and record.completion_tokens <= 1
+    # The engine got the request (the check runs beside its prefill) and was aborted.
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 50
+    event = _events(tenant)[0]
+    assert (event.where, event.action) == ("input", "block")
+
+
+def test_flag_and_log_record_events_and_leave_the_answer_alone(
+    world: World, banned: Banned
+) -> None:
+    tenant = banned.tenant
+    key = banned.key
+    text = banned.text
+    term = banned.term
+    _ban(world, tenant, key, term, action="flag")
+    chunks, _ = _sse(world, key, _body(stream_options={"include_usage": True}))
+    assert "".join(_texts(chunks)[0]) == text and _finish(chunks) == {0: "length"}
+    shown = [c for c in chunks if "moderation" in c]
+    assert len(shown) == 1 and shown[0]["choices"] == []  # a chunk of its own, as OpenAI's
+    assert shown[0] is chunks[-2] and "usage" not in shown[0]  # before the usage chunk
+    output = shown[0]["moderation"]["output"]["results"][0]
+    assert output["flagged"] is True and sorted(output["categories"]) == sorted(CATEGORIES)
+    assert shown[0]["moderation"]["input"]["results"][0]["flagged"] is False
+    answer = world.stack.openai(key).chat.completions.create(**_sdk(**_body()))
+    assert answer.choices[0].message.content == text
+    # The SDK reads it as OpenAI's own moderated completion.
+    assert answer.moderation is not None and answer.moderation.output.type == "moderation_results"
+    assert answer.moderation.output.results[0].flagged is True
+
+    _policy(tenant, action="log", store_text=True)
+    time.sleep(2.1)
+    chunks, _ = _sse(world, key, _body())
+    assert "".join(_texts(chunks)[0]) == text and not any("moderation" in c for c in chunks)
+    events = _events(tenant, 3)
+    assert [e.action for e in events] == ["flag", "flag", "log"]
+    assert term.lower() in events[-1].text.lower()  # opted in: the window that fired
+    assert {r.status for r in _record(world, tenant, 4)} == {"ok"}
+
+
+def test_a_policy_change_applies_within_two_seconds(world: World) -> None:
+    tenant, key = world.tenant()
+    term, _ = _term(_greedy(world, key))
+    prompt = [{"role": "user", "content": f"About {term}."}]
+    body = _body(messages=prompt, max_tokens=1)
+
+    def refused() -> bool:
+        r = httpx.post(
+            f"{world.stack.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json=body,
+            timeout=30,
+        )
+        return r.status_code == 400
+
+    assert not refused()
+    _policy(tenant, deny_terms=[term])
+    changed = time.monotonic()
+    wait_for(refused, timeout=10, every=0.1)
+    assert time.monotonic() - changed < 2.5
+    _policy(tenant, enabled=False)
+    changed = time.monotonic()
+    wait_for(lambda: not refused(), timeout=10, every=0.1)
+    assert time.monotonic() - changed < 2.5
+
+
+def _broken_guard(world: World) -> None:
+    """A guard model whose only replica is a real engine that cannot classify (the chat
+    engine: its /classify is not there), so every guard call fails."""
+    model = model_ensure(name="broken-guard", served_name="tiny-chat", context_length=1024)
+    pool = pool_ensure(
+        name="guard", kind="dedicated", model=model, replica_urls=[world.engines[0].url]
+    )
+    for replica in pool.replicas.all():
+        replica_probe(replica=replica)
+        assert Replica.objects.get(pk=replica.pk).state == Replica.State.READY
+    from inference.catalog import catalog_publish
+
+    catalog_publish()
+
+
+def test_a_failing_guard_fails_open_or_closed_as_the_policy_says(world: World) -> None:
+    _broken_guard(world)
+    tenant, key = world.tenant()
+    client = world.stack.openai(key)
+    _policy(tenant, guard_model="broken-guard", fail_open=False)
+    time.sleep(2.1)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(**_sdk(**_body(max_tokens=4)))
+    assert refused.value.code == "content_policy_violation"
+    assert "could not be checked" in refused.value.message
+
+    _policy(tenant, guard_model="broken-guard", fail_open=True)
+    time.sleep(2.1)
+    answer = client.chat.completions.create(**_sdk(**_body(max_tokens=4)))
+    assert answer.choices[0].finish_reason == "length"
+    events = _events(tenant, 2)
+    assert events[0].action == "block" and "broken-guard" in events[0].failure
+    assert events[-1].action == "log" and "broken-guard" in events[-1].failure
+
+
+def test_moderations_endpoint_through_the_sdk(world: World) -> None:
+    tenant, key = world.tenant()
+    client = world.stack.openai(key)
+    result = client.moderations.create(input=["you stupid idiot", "the sea is calm today"])
+    assert result.id.startswith("modr-") and len(result.results) == 2
+    rude, calm = result.results
+    assert rude.flagged and rude.categories.harassment
+    assert rude.category_scores.harassment > 0.8
+    assert not calm.flagged and calm.category_scores.harassment < 0.2
+    assert rude.category_applied_input_types.harassment == ["text"]
+    assert rude.category_applied_input_types.violence == []
+    assert set(rude.categories.model_dump(by_alias=True)) == set(CATEGORIES)
+    parts = client.moderations.create(input=[{"type": "text", "text": "the sea is calm"}])  # type: ignore[arg-type]
+    assert not parts.results[0].flagged
+    # The tenant's own rules apply.
+    _policy(tenant, deny_terms=["lighthouse"], classifier=True)
+    time.sleep(2.1)
+    ruled = client.moderations.create(input="a lighthouse by the sea")
+    assert ruled.results[0].flagged
+    records = _record(world, tenant, 3)
+    assert {(r.endpoint, r.status, r.completion_tokens) for r in records} == {
+        ("moderations", "ok", 0)
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"input": 5},
+        {"input": []},
+        {"input": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]},
+        {"input": "x", "surprise": True},
+    ],
+)
+def test_malformed_moderations_input_gets_openais_400(world: World, body: dict[str, Any]) -> None:
+    _, key = world.tenant()
+    response = httpx.post(
+        f"{world.stack.url}/v1/moderations",
+        headers={"authorization": f"Bearer {key}"},
+        json=body,
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_moderations_needs_a_key(world: World) -> None:
+    response = httpx.post(f"{world.stack.url}/v1/moderations", json={"input": "hi"}, timeout=30)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
