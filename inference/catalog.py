@@ -71,6 +71,7 @@ def catalog_build() -> Catalog:
             online_pool=serving.get((model.name, "online")),
             batch_pool=serving.get((model.name, "batch")),
             prices=prices.get(model.name, {}),
+            task=model.task,
         )
     return Catalog(
         version=time.time_ns(),

@@ -64,6 +64,14 @@ class Model(models.Model):
         validators=[MinValueValidator(16), MaxValueValidator(10_000_000)]
     )
     supports_lora = models.BooleanField(default=False)
+
+    class Task(models.TextChoices):
+        GENERATE = "generate", "Generates text (chat, completions)"
+        CLASSIFY = "classify", "Classifies text (a guard model for moderation)"
+
+    # A classifier is served on vLLM's /classify, reached only through moderation (a guard
+    # model in a tenant's policy, or /v1/moderations); /v1 completions refuse it.
+    task = models.CharField(max_length=16, choices=Task.choices, default=Task.GENERATE)
     # What a chat message may carry besides text. A text-only model refuses other content
     # parts with 400 (they would otherwise reach the engine, and a multimodal engine fetches
     # image URLs from inside the GPU network).

@@ -49,12 +49,14 @@ def model_ensure(
     context_length: int,
     supports_lora: bool = False,
     architecture: dict[str, Any] | None = None,
+    task: str = Model.Task.GENERATE,
 ) -> Model:
     name_validator(name)  # no '/': that addresses tenants' adapters
     defaults: dict[str, Any] = {
         "served_name": served_name,
         "context_length": context_length,
         "supports_lora": supports_lora,
+        "task": task,
     }
     if architecture is not None:
         defaults["architecture"] = architecture

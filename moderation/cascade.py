@@ -35,6 +35,13 @@ class GuardFailed(Exception):
     """The guard model could not answer within the budget (no replica, an error, too slow)."""
 
 
+# A guard model that just failed is not waited on again at once: for this long each request
+# applies its policy's fail-open/closed choice at once, instead of spending its budget on an
+# engine that is likely still down (per process; the next request after it tries again).
+RETRY_AFTER_SECONDS = 5.0
+_failed_at: dict[str, float] = {}
+
+
 @dataclass(slots=True)
 class Assessment:
     """One text's result: scores for all 13 categories (0 where no backend measures one),
@@ -126,13 +133,19 @@ class Cascade:
             if scorer is not None:
                 for i, score in enumerate(scorer.scores(texts)):
                     scored[i][classifier.CATEGORY] = score
-        if self.guard_model:
+        failed_at = _failed_at.get(self.guard_model, -RETRY_AFTER_SECONDS)
+        if self.guard_model and time.monotonic() - failed_at < RETRY_AFTER_SECONDS:
+            ago = time.monotonic() - failed_at
+            self._failed(out, f"guard model {self.guard_model}: failed {ago:.1f} s ago")
+        elif self.guard_model:
             try:
                 guarded = await asyncio.wait_for(self._guard(texts), _left(deadline))
             except (TimeoutError, GuardFailed) as exc:
+                _failed_at[self.guard_model] = time.monotonic()
                 reason = str(exc) or "it did not answer within the time budget"
                 self._failed(out, f"guard model {self.guard_model}: {reason}")
             else:
+                _failed_at.pop(self.guard_model, None)
                 for i, scores in enumerate(guarded):
                     for name, value in scores.items():
                         scored[i][name] = max(value, scored[i].get(name, 0.0))
@@ -157,13 +170,32 @@ class Cascade:
         catalog = await catalog_view().get()
         model = catalog.models.get(self.guard_model)
         pool = catalog.pools.get(model.online_pool or "") if model is not None else None
-        if model is None or pool is None:
-            raise GuardFailed("no such model serving")
+        if model is None or pool is None or model.task != "classify":
+            raise GuardFailed("no such classification model serving")
         ready = [r for r in pool.replicas.values() if r.state == Replica.State.READY]
         if not ready:
             raise GuardFailed("no replica ready")
         replica = random.choice(ready)  # noqa: S311 - spreading load, not a secret
-        body = orjson.dumps({"model": model.served_name, "input": texts})
+        # A long text goes in pieces that fit the model's context (a text scores the most
+        # any of its pieces does); pieces overlap so that nothing falls between two.
+        # Half a character a token leaves room for most text; what is denser (a byte-level
+        # tokenizer can spend a token a byte) is truncated by the engine, not refused.
+        size = max(64, model.context_length // 2)
+        pieces: list[str] = []
+        owner: list[int] = []
+        for i, text in enumerate(texts):
+            for start in range(0, max(1, len(text)), size - size // 8):
+                pieces.append(text[start : start + size])
+                owner.append(i)
+                if start + size >= len(text):
+                    break
+        body = orjson.dumps(
+            {
+                "model": model.served_name,
+                "input": pieces,
+                "truncate_prompt_tokens": model.context_length,
+            }
+        )
         try:
             async with engine_session().post(
                 replica.url.rstrip("/") + "/classify",
@@ -179,10 +211,9 @@ class Cascade:
             data = orjson.loads(raw)["data"]
             out: list[dict[str, float]] = [{} for _ in texts]
             for row in data:
-                probs = row["probs"]
-                out[int(row["index"])] = {
-                    name: float(p) for name, p in zip(CATEGORIES, probs, strict=False)
-                }
+                scores = out[owner[int(row["index"])]]
+                for name, p in zip(CATEGORIES, row["probs"], strict=False):
+                    scores[name] = max(float(p), scores.get(name, 0.0))
             return out
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
             raise GuardFailed("its answer was not a classification") from exc

@@ -24,7 +24,7 @@ from contract import UsageRecord
 from inference.api import limits, metering
 from inference.api.catalog import catalog_view
 from inference.api.consumers import JSON, GatewayHttpConsumer
-from inference.api.errors import invalid_request, model_not_found
+from inference.api.errors import ApiError, invalid_request, model_not_found
 from inference.api.lua import Batch
 from moderation import classifier
 from moderation.cascade import Cascade
@@ -116,22 +116,43 @@ class ModerationsConsumer(GatewayHttpConsumer):
         name = model or "omni-moderation-latest"
         if model is not None and model not in OPENAI_MODELS:
             catalog = await catalog_view().get()
-            if catalog.callable(model, key.tenant_id) is None:
+            servable = catalog.callable(model, key.tenant_id)
+            if servable is None:
                 raise model_not_found(model)
-            cascade = Cascade(
-                key.tenant_id, msgspec.structs.replace(cascade.spec, guard_model=model)
+            if servable.model.task != "classify":
+                raise invalid_request(
+                    f"`{model}` is not a moderation model: name a classification model, or "
+                    "omni-moderation-latest for this organization's policy.",
+                    param="model",
+                )
+            # The guard's scores alone, against the policy's thresholds.
+            only_guard = msgspec.structs.replace(
+                cascade.spec,
+                guard_model=model,
+                classifier=False,
+                deny_terms=[],
+                regexes=[],
+                pii_action="off",
             )
+            cascade = Cascade(key.tenant_id, only_guard)
         if not classifier.loaded() and cascade.spec.classifier:
             await asyncio.to_thread(classifier.classifier)  # a process's first use: ~1 s
         rid = uuid.uuid4().hex
         grant = await limits.acquire(key, rid=rid, estimate=0)
         status = "error"
         try:
-            found = await cascade.assess(texts)
+            assessed = await cascade.assess(texts)
+            failed = next((a.failure for a in assessed if a.failure), "")
+            if failed and model is not None and model not in OPENAI_MODELS:
+                # The caller named the guard: its scores, not the policy's fallback, or none.
+                raise ApiError(
+                    503, f"Moderation is unavailable: {failed}.", type="server_error",
+                    code="moderation_unavailable",
+                )  # fmt: skip
             answer = {
                 "id": f"modr-{rid}",
                 "model": name,
-                "results": [f.result() for f in found],
+                "results": [f.result() for f in assessed],
             }
             status = "ok"
         finally:

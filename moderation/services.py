@@ -12,6 +12,7 @@ import redis
 from django.db import transaction
 
 from controlplane.redis import redis_sync
+from inference.models import Model
 from moderation.categories import CATEGORIES
 from moderation.models import ModerationEvent, ModerationPolicy
 from moderation.policy import ACTIONS, PolicyInvalid, policy_check
@@ -77,6 +78,11 @@ def moderation_policy_set(
         setattr(policy, name, value)
     if policy.action not in ACTIONS:
         raise PolicyInvalid("action", f"must be one of {', '.join(ACTIONS)}")
+    if (
+        policy.guard_model
+        and not Model.objects.filter(name=policy.guard_model, task=Model.Task.CLASSIFY).exists()
+    ):
+        raise PolicyInvalid("guard_model", f"no classification model named {policy.guard_model!r}")
     policy.deny_terms = _dedupe([str(t).strip() for t in policy.deny_terms or ()])
     policy.regexes = _dedupe([str(r) for r in policy.regexes or ()])
     policy.updated_at = datetime.now(UTC)

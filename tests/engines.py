@@ -15,7 +15,7 @@ from typing import IO
 import httpx
 import pytest
 
-from devkit.engines import engine_command
+from devkit.engines import engine_command, guard_engine_command
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = ROOT / "var" / "test-logs"
@@ -97,6 +97,25 @@ def engine_start(*extra_args: str, port: int | None = None) -> Engine:
     with log_path.open("wb") as log:
         process = engine_popen(engine_command(port, *extra_args), log)
     return Engine(port=port, process=process, log_path=log_path, extra_args=extra_args)
+
+
+def guard_engine_start(port: int | None = None) -> Engine:
+    """An engine serving the tiny guard model (``tiny-guard``, vLLM ``/classify``)."""
+    port = port or free_port()
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log_path = LOG_DIR / f"guard-engine-{port}.log"
+    with log_path.open("wb") as log:
+        process = engine_popen(guard_engine_command(port), log)
+    return Engine(port=port, process=process, log_path=log_path)
+
+
+@pytest.fixture(scope="session")
+def guard_engine() -> Iterator[Engine]:
+    """One engine serving the tiny guard model for the whole session."""
+    started = guard_engine_start()
+    started.wait_ready()
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="session")

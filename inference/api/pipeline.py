@@ -264,6 +264,12 @@ def _resolve(
     found = catalog.callable(name, key.tenant_id)
     if found is None:
         raise model_not_found(name)
+    if found.model.task != "generate":
+        raise invalid_request(
+            f"`{name}` is a classification model: it moderates text (POST /v1/moderations), "
+            "it does not write any.",
+            param="model",
+        )
     adapter = None
     if found.adapter is not None:
         if not found.adapter.path:

@@ -20,7 +20,7 @@ from django.db import transaction
 from billing.models import Price
 from billing.services import price_set
 from controlplane.commands import validation_message
-from inference.models import Pool
+from inference.models import Model, Pool
 from inference.services import model_ensure, pool_configure, pool_ensure
 from tenants.models import Membership, Role, Tenant, User
 from tenants.selectors import api_key_authenticate
@@ -45,6 +45,12 @@ class Command(BaseCommand):
             "DNS name is a replica (configure_pool --discovery).",
         )
         parser.add_argument("--batch-discovery", help="The same for the batch pool.")
+        parser.add_argument(
+            "--guard-url",
+            default="http://127.0.0.1:8103",
+            help="The engine serving the guard model (tiny-guard) that moderation policies "
+            "may name; '' for none.",
+        )
         parser.add_argument("--model-name", default="tiny-chat")
         parser.add_argument("--context-length", type=int, default=1024)
 
@@ -108,6 +114,20 @@ class Command(BaseCommand):
                 # Twice the engine's 64 sequences: it always holds the next lines queued
                 # (README, Batches). An operator's later setting is left alone.
                 pool_configure(pool=made, max_inflight=128)
+        if options["guard_url"]:
+            # The tiny guard classifier (moderation's third backend), on a pool of its own.
+            guard = model_ensure(
+                name="tiny-guard",
+                served_name="tiny-guard",
+                context_length=options["context_length"],
+                task=Model.Task.CLASSIFY,
+            )
+            try:
+                pool_ensure(
+                    name="guard", kind="dedicated", model=guard, replica_urls=[options["guard_url"]]
+                )
+            except ValidationError as exc:
+                raise CommandError(f"pool guard: {validation_message(exc)}") from None
         if not Price.objects.filter(model=model, tenant=None).exists():
             # A demo list price, so usage shows costs from the first request.
             price_set(
@@ -119,5 +139,6 @@ class Command(BaseCommand):
                 actor=None,
             )
         self.stdout.write(
-            "Seeded admin, tenant demo, its API key, model, pools online and batch, a price."
+            "Seeded admin, tenant demo, its API key, models, pools online, batch and guard, a "
+            "price."
         )

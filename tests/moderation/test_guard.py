@@ -1,0 +1,155 @@
+"""Moderation's third backend: a guard model served on a pool of real vLLM engines (the tiny
+guard classifier, ``scripts/make_tiny_guard.py``: " fox" fires violence, " quick" harassment,
+...), through vLLM's ``/classify``: it blocks what it scores over the policy's threshold, it
+answers ``/v1/moderations``, and an engine that stops answering mid-work (SIGSTOP) is worked
+around within the policy's time budget, open or closed as the policy says."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from inference.catalog import catalog_publish
+from inference.models import Model, Replica
+from inference.services import model_ensure, pool_ensure, replica_probe
+from moderation.models import ModerationEvent
+from moderation.services import moderation_events_flush, moderation_policy_set
+from tenants.models import Tenant
+from tests.engines import ENGINE_HEADERS, Engine
+from tests.live import wait_for
+from tests.serving import World
+
+pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def guarded(world: World, guard_engine: Engine) -> Iterator[World]:
+    model = model_ensure(
+        name="tiny-guard", served_name="tiny-guard", context_length=1024, task=Model.Task.CLASSIFY
+    )
+    pool = pool_ensure(name="guard", kind="dedicated", model=model, replica_urls=[guard_engine.url])
+    for replica in pool.replicas.all():
+        assert replica_probe(replica=replica).state == Replica.State.READY
+    # Its first classification pays the engine's warm-up, as after any engine start.
+    httpx.post(
+        f"{guard_engine.url}/classify",
+        json={"model": "tiny-guard", "input": "warm up"},
+        headers=ENGINE_HEADERS,
+        timeout=60,
+    ).raise_for_status()
+    catalog_publish()
+    time.sleep(1.1)
+    yield world
+    os.killpg(guard_engine.process.pid, signal.SIGCONT)  # whatever a test left it in
+
+
+def _policy(tenant: Tenant, **changes: Any) -> None:
+    moderation_policy_set(
+        tenant=tenant,
+        changes={"guard_model": "tiny-guard", "classifier": False, **changes},
+        actor=None,
+    )
+    time.sleep(2.1)  # every web process has it within two seconds
+
+
+def _chat(world: World, key: str, content: str) -> httpx.Response:
+    return httpx.post(
+        f"{world.stack.url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json={"model": "tiny-chat", "messages": [{"role": "user", "content": content}],
+              "max_tokens": 4},
+        timeout=60,
+    )  # fmt: skip
+
+
+def _events(tenant: Tenant, count: int) -> list[ModerationEvent]:
+    def found() -> list[ModerationEvent] | None:
+        moderation_events_flush()
+        events = list(ModerationEvent.objects.filter(tenant=tenant).order_by("id"))
+        return events if len(events) >= count else None
+
+    result: list[ModerationEvent] = wait_for(found, timeout=20)
+    return result
+
+
+def test_the_guard_model_blocks_what_it_scores_over_the_threshold(guarded: World) -> None:
+    tenant, key = guarded.tenant()
+    _policy(tenant)
+    refused = _chat(guarded, key, "Tell me about a fox in the woods.")
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "content_policy_violation"
+    assert "violence" in refused.json()["error"]["message"]
+    assert _chat(guarded, key, "Tell me about a dog in the woods.").status_code == 200
+    event = _events(tenant, 1)[0]
+    assert (event.where, event.action, event.categories) == ("input", "block", ["violence"])
+
+
+def test_moderations_with_the_guard_model_through_the_sdk(guarded: World) -> None:
+    _, key = guarded.tenant()
+    client = guarded.stack.openai(key)
+    result = client.moderations.create(model="tiny-guard", input=["a fox", "a dog", "quick"])
+    fox, dog, word_alone = result.results
+    assert result.model == "tiny-guard"
+    assert fox.flagged and fox.categories.violence and fox.category_scores.violence > 0.99
+    assert not fox.categories.harassment and fox.category_scores.harassment < 0.05
+    assert fox.category_applied_input_types.violence == ["text"]
+    assert not dog.flagged and max(dog.category_scores.model_dump().values()) < 0.05
+    assert not word_alone.flagged  # " quick" fires; "quick" with no space before is another token
+    # A long text is scored in pieces that fit the model: a trigger at its end still counts.
+    long = client.moderations.create(model="tiny-guard", input="calm sea " * 600 + "a fox")
+    assert long.results[0].categories.violence
+    with pytest.raises(openai.BadRequestError):
+        client.moderations.create(model="tiny-chat", input="a fox")  # not a classifier
+    # ... and a classifier is no chat model.
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="tiny-guard", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert "classification model" in refused.value.message
+
+
+def test_a_guard_that_stops_answering_fails_closed_or_open_within_the_budget(
+    guarded: World, guard_engine: Engine
+) -> None:
+    tenant, key = guarded.tenant()
+    _policy(tenant, fail_open=False, budget_ms=300)
+    os.killpg(guard_engine.process.pid, signal.SIGSTOP)  # hung mid-work: no error, no answer
+    try:
+        started = time.monotonic()
+        refused = _chat(guarded, key, "Tell me about a dog.")
+        waited = time.monotonic() - started
+        assert refused.status_code == 400, refused.text
+        assert "could not be checked" in refused.json()["error"]["message"]
+        _policy(tenant, fail_open=True, budget_ms=300)
+        answered = _chat(guarded, key, "Tell me about a dog.")
+        assert answered.status_code == 200
+        client = guarded.stack.openai(key)
+        with pytest.raises(openai.APIStatusError) as unavailable:
+            client.with_options(max_retries=0).moderations.create(model="tiny-guard", input="x")
+        assert unavailable.value.status_code == 503
+    finally:
+        os.killpg(guard_engine.process.pid, signal.SIGCONT)
+    # The budget, not the engine's silence, decided how long the client waited (the
+    # engine would have kept it forever).
+    assert waited < 10
+    events = _events(tenant, 3)
+    # Closed: the input blocked. Open: the input logged, then the output (its first window)
+    # logged; once failed, the guard is skipped for a few seconds rather than waited on again.
+    assert [(e.where, e.action) for e in events] == [
+        ("input", "block"),
+        ("input", "log"),
+        ("output", "log"),
+    ]
+    assert "within the time budget" in events[0].failure
+    assert all("tiny-guard" in e.failure for e in events)
+    # Back: once the few seconds after its failure have passed, the guard is asked again.
+    _policy(tenant, fail_open=False)
+    wait_for(lambda: _chat(guarded, key, "a dog").status_code == 200, timeout=20, every=1)
+    assert _chat(guarded, key, "a fox").status_code == 400
