@@ -127,3 +127,72 @@ class TenantLimitsForm(forms.Form):
         usd = data["monthly_spend_budget_usd"]
         limits["monthly_spend_budget_micros"] = int(usd * 1_000_000) if usd is not None else None
         return limits
+
+
+class ModerationPolicyForm(forms.Form):
+    """A tenant's moderation policy as its admins edit it (``moderation.services``)."""
+
+    enabled = forms.BooleanField(required=False, label="Moderate this tenant's requests")
+    check_input = forms.BooleanField(required=False, label="Check prompts")
+    check_output = forms.BooleanField(required=False, label="Check answers")
+    action = forms.ChoiceField(
+        choices=[("block", "block"), ("flag", "flag"), ("log", "log")],
+        label="Action (deny terms, regexes, every category)",
+    )
+    threshold = forms.FloatField(min_value=0.0, max_value=1.0, label="Category threshold")
+    deny_terms = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 4}), label="Deny terms (one a line)"
+    )
+    regexes = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        label="Regexes (RE2, one a line)",
+    )
+    pii_action = forms.ChoiceField(
+        choices=[(a, a) for a in ("off", "block", "mask", "log")],
+        label="Card numbers and IBANs",
+    )
+    classifier = forms.BooleanField(required=False, label="Embedded classifier (harassment)")
+    guard_model = forms.CharField(required=False, max_length=100, label="Guard model")
+    output_mode = forms.ChoiceField(
+        choices=[("async", "async: tokens at once, cut within a window"),
+                 ("hold", "hold: nothing unchecked reaches the client")],
+        label="Output mode",
+    )  # fmt: skip
+    window_tokens = forms.IntegerField(min_value=4, max_value=2048, label="Window (tokens)")
+    overlap_tokens = forms.IntegerField(min_value=0, max_value=2047, label="Overlap (tokens)")
+    fail_open = forms.BooleanField(required=False, label="Fail open when a check fails")
+    budget_ms = forms.IntegerField(min_value=10, max_value=10_000, label="Time budget (ms)")
+    store_text = forms.BooleanField(required=False, label="Keep the text that fired in events")
+
+    FIELDS = (
+        "enabled", "check_input", "check_output", "action", "pii_action", "classifier",
+        "guard_model", "output_mode", "window_tokens", "overlap_tokens", "fail_open",
+        "budget_ms", "store_text",
+    )  # fmt: skip
+
+    @classmethod
+    def initial_for(cls, policy: Any) -> dict[str, Any]:
+        if policy is None:
+            return {
+                "enabled": True, "check_input": True, "check_output": True, "action": "block",
+                "threshold": 0.8, "pii_action": "off", "classifier": True, "output_mode": "async",
+                "window_tokens": 64, "overlap_tokens": 16, "fail_open": True, "budget_ms": 250,
+            }  # fmt: skip
+        thresholds = [rule["threshold"] for rule in (policy.categories or {}).values()]
+        return {
+            **{name: getattr(policy, name) for name in cls.FIELDS},
+            "threshold": max(thresholds) if thresholds else 0.8,
+            "deny_terms": "\n".join(policy.deny_terms),
+            "regexes": "\n".join(policy.regexes),
+        }
+
+    def changes(self, categories: list[str]) -> dict[str, Any]:
+        data = self.cleaned_data
+        out = {name: data[name] for name in self.FIELDS}
+        out["deny_terms"] = [t.strip() for t in data["deny_terms"].splitlines() if t.strip()]
+        out["regexes"] = [r for r in (line.strip() for line in data["regexes"].splitlines()) if r]
+        out["categories"] = {
+            name: {"threshold": data["threshold"], "action": data["action"]} for name in categories
+        }
+        return out

@@ -31,6 +31,7 @@ urlpatterns = [
     path("join/<str:token>/", views.join, name="join"),
     path("t/<slug:slug>/audit/", views.audit, name="audit"),
     path("t/<slug:slug>/limits/", views.limits, name="limits"),
+    path("t/<slug:slug>/moderation/", views.moderation, name="moderation"),
     path("t/<slug:slug>/playground/", views.playground, name="playground"),
     path("t/<slug:slug>/playground/key/", views.playground_key, name="playground-key"),
     path("t/<slug:slug>/usage/", views.usage, name="usage"),

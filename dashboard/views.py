@@ -43,6 +43,10 @@ from billing.selectors import invoice_get, invoice_list
 from dashboard import forms, selectors
 from dashboard.access import page_access, page_user
 from inference.api.errors import ApiError
+from moderation import selectors as moderation_selectors
+from moderation import services as moderation_services
+from moderation.categories import CATEGORIES
+from moderation.policy import PolicyInvalid
 from tenants import selectors as tenant_selectors
 from tenants import services
 from tenants.access import Perm, TenantAccess
@@ -555,6 +559,47 @@ def audit(request: HttpRequest, slug: str) -> HttpResponse:
     query.pop("page", None)
     context = _context(request, access, "audit", form=form, page=page, query=query.urlencode())
     return render(request, "dashboard/audit.html", context, status=status)
+
+
+# --- Moderation -----------------------------------------------------------------------------
+
+MODERATION_EVENTS_PAGE = 50
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def moderation(request: HttpRequest, slug: str) -> HttpResponse:
+    """The tenant's moderation policy (owners and admins change it) and what it recorded
+    (for those who may read the audit log)."""
+    access = page_access(request, slug)
+    policy = moderation_selectors.moderation_policy_get(tenant=access.tenant)
+    form = forms.ModerationPolicyForm(initial=forms.ModerationPolicyForm.initial_for(policy))
+    status = 200
+    if request.method == "POST":
+        if not access.can(Perm.MODERATION_MANAGE):
+            raise PermissionDenied("Your role does not allow changing the moderation policy.")
+        form = forms.ModerationPolicyForm(request.POST)
+        if form.is_valid():
+            try:
+                moderation_services.moderation_policy_set(
+                    tenant=access.tenant,
+                    changes=form.changes(list(CATEGORIES)),
+                    actor=page_user(request),
+                )
+            except PolicyInvalid as exc:
+                field = exc.field if exc.field in form.fields else None
+                form.add_error(field, exc.message)
+            else:
+                return redirect("dashboard:moderation", slug=slug)
+        status = 400
+    events = None
+    if access.can(Perm.AUDIT_VIEW):
+        events = Paginator(
+            moderation_selectors.moderation_events_list(tenant=access.tenant),
+            MODERATION_EVENTS_PAGE,
+        ).get_page(request.GET.get("page"))
+    context = _context(request, access, "moderation", form=form, policy=policy, events=events)
+    return render(request, "dashboard/moderation.html", context, status=status)
 
 
 # --- Usage explorer and invoices ----------------------------------------------------------

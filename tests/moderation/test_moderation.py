@@ -24,6 +24,14 @@ from moderation.categories import CATEGORIES
 from moderation.models import ModerationEvent
 from moderation.services import moderation_events_flush, moderation_policy_set
 from tenants.models import Tenant
+from tests.batches.test_batches import _client as batch_client
+from tests.batches.test_batches import _content as batch_content
+from tests.batches.test_batches import _create as batch_create
+from tests.batches.test_batches import _finished as finished
+from tests.batches.test_batches import _line as batch_line
+from tests.batches.test_batches import _until as batch_until
+from tests.batches.test_batches import _upload as batch_upload
+from tests.batches.test_batches import spot  # noqa: F401  (fixture)
 from tests.inference.test_websocket import _until_end, _ws
 from tests.live import settled_counters, wait_for
 from tests.serving import World
@@ -438,3 +446,26 @@ def test_moderations_needs_a_key(world: World) -> None:
     response = httpx.post(f"{world.stack.url}/v1/moderations", json={"input": "hi"}, timeout=30)
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_batch_lines_are_moderated_the_same_way(spot: World, banned: Banned) -> None:  # noqa: F811
+    tenant, key, text, term = banned.tenant, banned.key, banned.text, banned.term
+    _ban(spot, tenant, key, term, output_mode="hold")
+    client = batch_client(spot, key)
+    answer_line = batch_line("cut", content=PROMPT[0]["content"], max_tokens=TOKENS)
+    answer_line["body"] |= {"ignore_eos": True}
+    lines = [answer_line, batch_line("refused", content=f"Write about {term} now.")]
+    batch = batch_until(client, batch_create(client, batch_upload(client, lines)).id, finished)
+    assert batch.status == "completed", batch
+    (cut,) = batch_content(client, batch.output_file_id)
+    choice = cut["response"]["body"]["choices"][0]
+    assert choice["finish_reason"] == "content_filter"
+    assert text.startswith(choice["message"]["content"])
+    assert term.lower() not in choice["message"]["content"].lower()
+    (refused,) = batch_content(client, batch.error_file_id)
+    assert refused["response"]["status_code"] == 400
+    assert refused["response"]["body"]["error"]["code"] == "content_policy_violation"
+    records = {r.request_id: r for r in _record(spot, tenant, 3)}
+    billed = records[cut["response"]["request_id"]]
+    assert (billed.mode, billed.status) == ("batch", "content_filter")
+    assert billed.completion_tokens == cut["response"]["body"]["usage"]["completion_tokens"]
