@@ -31,7 +31,7 @@ help:
 	@echo "make test   - lint, strict type-check, import contracts, migrations check, the test suite"
 	@echo "make lock   - re-resolve the dependencies into requirements.lock"
 	@echo "make setup  - only build the virtualenvs and the tiny model"
-	@echo "make bench  - run the benchmarks (overhead, fairness, ledger, LoRA, dashboard, batch); see bench/RESULTS.md"
+	@echo "make bench  - run the benchmarks (overhead, fairness, ledger, LoRA, dashboard, batch, moderation); see bench/RESULTS.md"
 	@echo "make clean  - remove .venv and var/ (the engine cache in $(CACHE) is kept)"
 
 # --- set-up (each step is skipped when already done) -------------------------------------
@@ -93,7 +93,7 @@ run: setup
 	@# The engines answer only to the platform's processes: a key of their own, made once.
 	@test -s var/engine-api-key || (umask 077; $(PY) -c "import secrets; print(secrets.token_urlsafe(32))" > var/engine-api-key)
 	$(PY) manage.py migrate --noinput -v0
-	INFERPLANE_ENGINE_API_KEY="$$(cat var/engine-api-key)" $(PY) manage.py seed_demo
+	INFERPLANE_ENGINE_API_KEY="$$(cat var/engine-api-key)" $(PY) manage.py seed_demo --guard-url http://127.0.0.1:8103
 	@# honcho runs every process of the Procfile and stops them all on Ctrl-C.
 	INFERPLANE_ENGINE_API_KEY="$$(cat var/engine-api-key)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start -f Procfile
 
@@ -140,6 +140,7 @@ bench: setup
 	$(PY) -m bench.lora
 	$(PY) -m bench.dashboard
 	$(PY) -m bench.batch
+	$(PY) -m bench.moderation
 	$(PY) -m bench.batch --pin
 
 clean:

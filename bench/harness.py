@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from devkit.engines import engine_command
+from devkit.engines import engine_command, guard_engine_command
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "var" / "bench-logs"
@@ -86,17 +86,33 @@ class Bench:
     # (the production shape: the gateway never runs on the engine's cores).
     pin: bool = False
 
-    def start_engine(self, *extra: str) -> str:
+    def start_engine(self, *extra: str, core: int | None = None) -> str:
+        """``core``: the engine alone on that CPU, its OpenMP thread bound to it (two engines
+        on two cores, each on its own, as on machines of their own)."""
         port = free_port()
         name = f"engine-{port}"
         # Through `sh -c` in a session of its own, as make run's process manager starts it.
         command = ["sh", "-c", engine_command(port, *extra)]
-        self.processes[name] = _spawn(name, command, cpus="0" if self.pin else "")
+        cpus = str(core) if core is not None else "0" if self.pin else ""
+        env = {"VLLM_CPU_OMP_THREADS_BIND": str(core)} if core is not None else None
+        self.processes[name] = _spawn(name, command, env, cpus=cpus)
         if self.pin:
             os.sched_setaffinity(0, {1})
         self.engine_url = f"http://127.0.0.1:{port}"
         _wait_http(f"{self.engine_url}/health", 300, self.processes[name], name)
         return self.engine_url
+
+    def start_guard_engine(self, *, core: int | None = None) -> str:
+        """The tiny guard classifier, as the Procfile's ``engine-guard`` starts it."""
+        port = free_port()
+        name = f"guard-engine-{port}"
+        command = ["sh", "-c", guard_engine_command(port)]
+        cpus = str(core) if core is not None else "0" if self.pin else ""
+        env = {"VLLM_CPU_OMP_THREADS_BIND": str(core)} if core is not None else None
+        self.processes[name] = _spawn(name, command, env, cpus=cpus)
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{url}/health", 300, self.processes[name], name)
+        return url
 
     def start_gateway(
         self, *, workers: int = 1, env: dict[str, str] | None = None, batch_workers: int = 0

@@ -97,14 +97,27 @@ class Cascade:
         self.rules = Rules(spec)
         self.guard_model = spec.guard_model
 
-    @property
-    def needs_classifier(self) -> bool:
-        return self.spec.classifier
-
-    async def assess(self, texts: list[str], *, deadline: float | None = None) -> list[Assessment]:
-        spec = self.spec
+    async def assess(
+        self,
+        texts: list[str],
+        *,
+        deadline: float | None = None,
+        rules: bool = True,
+        asked: bool = False,
+    ) -> list[Assessment]:
+        """Every backend of the policy; ``rules=False``: only the models (the classifier
+        and the guard), for a caller that ran ``check_rules`` already. ``asked``: a caller
+        that named the guard itself (``/v1/moderations``) gets it asked even when it failed
+        a moment ago."""
         if deadline is None:
-            deadline = time.monotonic() + spec.budget_ms / 1000
+            deadline = time.monotonic() + self.spec.budget_ms / 1000
+        out = self.check_rules(texts) if rules else [Assessment() for _ in texts]
+        return await self._models(texts, out, deadline, asked=asked)
+
+    def check_rules(self, texts: list[str]) -> list[Assessment]:
+        """The tenant's rules alone: tens of microseconds, no I/O (what the output guard
+        runs before it releases the chunk that completes a window)."""
+        spec = self.spec
         out = [Assessment() for _ in texts]
         for text, found in zip(texts, out, strict=True):
             hits = self.rules.check(text)
@@ -120,21 +133,25 @@ class Cascade:
                 # Masking is done to the text itself (``Guard.rewrite``); what is left is
                 # recorded, as for log.
                 found.escalate("block" if spec.pii_action == "block" else "log")
+        return out
+
+    async def _models(
+        self, texts: list[str], out: list[Assessment], deadline: float, *, asked: bool
+    ) -> list[Assessment]:
+        spec = self.spec
         scored: list[dict[str, float]] = [{} for _ in texts]
         if spec.classifier and any(texts):
-            scorer = classifier.classifier() if classifier.loaded() else None
-            if scorer is None:  # the first use in this process: load it off the event loop
-                try:
-                    scorer = await asyncio.wait_for(
-                        asyncio.to_thread(classifier.classifier), _left(deadline)
-                    )
-                except TimeoutError:
-                    self._failed(out, "the embedded classifier is still loading")
-            if scorer is not None:
-                for i, score in enumerate(scorer.scores(texts)):
-                    scored[i][classifier.CATEGORY] = score
+            if classifier.loaded():
+                scorer = classifier.classifier()
+            else:
+                # This process's first use (a web process starts loading it at boot, so
+                # this is a worker's first moderated line): load it off the event loop,
+                # however long that takes — a check is never skipped for want of it.
+                scorer = await asyncio.to_thread(classifier.classifier)
+            for i, score in enumerate(scorer.scores(texts)):
+                scored[i][classifier.CATEGORY] = score
         failed_at = _failed_at.get(self.guard_model, -RETRY_AFTER_SECONDS)
-        if self.guard_model and time.monotonic() - failed_at < RETRY_AFTER_SECONDS:
+        if self.guard_model and not asked and time.monotonic() - failed_at < RETRY_AFTER_SECONDS:
             ago = time.monotonic() - failed_at
             self._failed(out, f"guard model {self.guard_model}: failed {ago:.1f} s ago")
         elif self.guard_model:

@@ -71,7 +71,7 @@ class PolicyView:
         if spec is None:
             return None
         found = self.cascades.get(tenant_id)
-        if found is None or found.spec.version != spec.version or found.spec != spec:
+        if found is None or found.spec is not spec:  # a new snapshot: compile it once
             found = self.cascades[tenant_id] = Cascade(tenant_id, spec)
         return found
 
@@ -264,7 +264,6 @@ class Guarded:
         self.window = spec.window_tokens
         self.overlap = spec.overlap_tokens
         self.step = max(1, spec.window_tokens - spec.overlap_tokens)
-        self.remote = bool(cascade.guard_model)
 
     @property
     def input_check(self) -> InputCheck | None:
@@ -304,6 +303,9 @@ class Guarded:
     async def screen(self, batch: list[Chunk]) -> Screened:
         release: list[Chunk] = []
         check = self.spec.check_output
+        cut = await self._collect(release, wait=False)  # a window checked meanwhile
+        if cut is not None:
+            return Screened(release, cut)
         for chunk in batch:
             choices = chunk.get("choices")
             if not choices:
@@ -383,22 +385,27 @@ class Guarded:
         end = state.tokens
         text = state.window(self.window)
         state.checked = end
-        if self.hold or not self.remote:
-            # Local checks take well under a millisecond: done here, nothing runs behind.
+        if self.hold:
             found = (await self.cascade.assess([text]))[0]
             cut = await self._verdict(index, text, found)
-            if cut is None and self.hold:
+            if cut is None:
                 self._release(state, end if final else end - self.overlap, release)
             return cut
-        # Async mode with a guard model: the check runs while tokens flow; the previous one
-        # must be in before the next starts, so a violation is cut within one window.
-        cut = await self._collect(release, wait=True)
+        # Async mode: the rules (tens of microseconds) before the chunk that completes the
+        # window goes out, so a deny term or regex is never released past its window. The
+        # models run in a task: the batch goes out first and their CPU (the classifier, a
+        # fraction of a millisecond) or wait (a guard model) fills the gateway's wait for the
+        # engine's next batch; their verdict is taken before anything more is released, and
+        # the previous window's must be in before the next starts.
+        cut = await self._verdict(index, text, self.cascade.check_rules([text])[0])
         if cut is None:
+            cut = await self._collect(release, wait=True)
+        if cut is None and (self.spec.classifier or self.spec.guard_model):
             self.checks.append(asyncio.create_task(self._checked(index, text)))
         return cut
 
     async def _checked(self, index: int, text: str) -> tuple[int, str, Assessment]:
-        return index, text, (await self.cascade.assess([text]))[0]
+        return index, text, (await self.cascade.assess([text], rules=False))[0]
 
     async def _collect(self, release: list[Chunk], *, wait: bool) -> str | None:
         while self.checks and (wait or self.checks[0].done()):

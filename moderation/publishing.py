@@ -14,6 +14,7 @@ from moderation.policy import CategoryRule, PolicySpec, Snapshot
 
 POLICIES_KEY = "ip:moderation:policies"
 VERSION_KEY = "ip:moderation:version"
+PUBLISH_LOCK = "ip:moderation:publish-lock"
 
 
 def policy_spec(policy: ModerationPolicy) -> PolicySpec:
@@ -47,10 +48,19 @@ def policies_build() -> Snapshot:
 def policies_publish() -> tuple[int, Snapshot]:
     """Publish every policy; returns (the version, the snapshot). Called after each change
     (on commit) and by a periodic task, so a publish Redis missed heals within a minute."""
-    snapshot = policies_build()
-    version = time.time_ns()
-    pipe = redis_sync().pipeline(transaction=True)
-    pipe.set(POLICIES_KEY, msgspec.json.encode(snapshot))
-    pipe.set(VERSION_KEY, version)
-    pipe.execute()
+    client = redis_sync()
+    # One publisher at a time, each building inside the lock: a periodic publish that read
+    # the database just before a change committed cannot write its stale copy after the
+    # change's own publish (which runs on commit, so it waits here and writes last).
+    with client.lock(PUBLISH_LOCK, timeout=30, blocking_timeout=30):
+        snapshot = policies_build()
+        encoded = msgspec.json.encode(snapshot)
+        current, known = client.mget(POLICIES_KEY, VERSION_KEY)
+        if current == encoded and known is not None:
+            return int(known), snapshot  # unchanged: the gateways keep what they compiled
+        version = time.time_ns()
+        pipe = client.pipeline(transaction=True)
+        pipe.set(POLICIES_KEY, encoded)
+        pipe.set(VERSION_KEY, version)
+        pipe.execute()
     return version, snapshot

@@ -115,8 +115,10 @@ class Lifecycle:
             await self.relay.start()
             return
         call = self.call
-        checking = asyncio.ensure_future(check(call.parsed, call.key))
+        # The engine's request first: the check's own CPU then overlaps the prefill rather
+        # than delaying the request (tasks run in the order they were made).
         starting = asyncio.ensure_future(self.relay.start())
+        checking = asyncio.ensure_future(check(call.parsed, call.key))
         refusal: str | None = None
         try:
             done, _ = await asyncio.wait((checking, starting), return_when=asyncio.FIRST_COMPLETED)

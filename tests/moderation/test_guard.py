@@ -51,11 +51,9 @@ def guarded(world: World, guard_engine: Engine) -> Iterator[World]:
 
 
 def _policy(tenant: Tenant, **changes: Any) -> None:
-    moderation_policy_set(
-        tenant=tenant,
-        changes={"guard_model": "tiny-guard", "classifier": False, **changes},
-        actor=None,
-    )
+    # A budget generous for a loaded CI machine (the time-budget test sets its own).
+    changes = {"guard_model": "tiny-guard", "classifier": False, "budget_ms": 3000, **changes}
+    moderation_policy_set(tenant=tenant, changes=changes, actor=None)
     time.sleep(2.1)  # every web process has it within two seconds
 
 

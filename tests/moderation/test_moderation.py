@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from billing.models import UsageRecord
-from inference.models import Replica
+from inference.models import Model, Replica
 from inference.services import model_ensure, pool_ensure, replica_probe
 from moderation.categories import CATEGORIES
 from moderation.models import ModerationEvent
@@ -116,7 +116,7 @@ def _term(deltas: list[tuple[str, int]]) -> tuple[str, int]:
     """A word the model really writes, well into its answer, and the token where it starts
     (that word's first appearance: the one a deny list would catch first)."""
     text = "".join(t for t, _ in deltas)
-    for match in re.finditer(r"(?<![\w])[A-Za-z]{3,}(?![\w])", text):
+    for match in re.finditer(r"(?<![\w])[A-Za-z]{3,12}(?![\w])", text):
         first = re.search(rf"(?<![\w]){re.escape(match.group())}(?![\w])", text, re.IGNORECASE)
         assert first is not None
         chars = tokens = 0
@@ -362,7 +362,9 @@ def test_a_policy_change_applies_within_two_seconds(world: World) -> None:
 def _broken_guard(world: World) -> None:
     """A guard model whose only replica is a real engine that cannot classify (the chat
     engine: its /classify is not there), so every guard call fails."""
-    model = model_ensure(name="broken-guard", served_name="tiny-chat", context_length=1024)
+    model = model_ensure(
+        name="broken-guard", served_name="tiny-chat", context_length=1024, task=Model.Task.CLASSIFY
+    )
     pool = pool_ensure(
         name="guard", kind="dedicated", model=model, replica_urls=[world.engines[0].url]
     )
@@ -469,3 +471,43 @@ def test_batch_lines_are_moderated_the_same_way(spot: World, banned: Banned) -> 
     billed = records[cut["response"]["request_id"]]
     assert (billed.mode, billed.status) == ("batch", "content_filter")
     assert billed.completion_tokens == cut["response"]["body"]["usage"]["completion_tokens"]
+
+
+def test_card_numbers_and_ibans_count_only_when_their_checksum_holds(world: World) -> None:
+    tenant, key = world.tenant()
+    _policy(tenant, pii_action="block")
+    time.sleep(2.1)
+    for number, blocked in [
+        ("4111 1111 1111 1111", True),  # Luhn holds
+        ("4111 1111 1111 1112", False),  # an order number of card length
+        ("GB82 WEST 1234 5698 7654 32", True),  # mod-97 holds
+        ("GB82 WEST 1234 5698 7654 33", False),
+    ]:
+        prompt = [{"role": "user", "content": f"Please charge {number} today."}]
+        response = httpx.post(
+            f"{world.stack.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json=_body(messages=prompt, max_tokens=2),
+            timeout=60,
+        )
+        assert response.status_code == (400 if blocked else 200), (number, response.text)
+
+
+def test_masked_pii_never_reaches_the_engine(world: World) -> None:
+    tenant, key = world.tenant()
+    _policy(tenant, pii_action="mask")
+    time.sleep(2.1)
+    response = httpx.post(
+        f"{world.stack.url}/v1/completions",
+        headers={"authorization": f"Bearer {key}"},
+        # echo: the engine answers with the prompt as it received it
+        json={"model": "tiny-chat", "prompt": "card 4111 1111 1111 1111 and 1234567890123456",
+              "max_tokens": 1, "echo": True},
+        timeout=60,
+    )  # fmt: skip
+    assert response.status_code == 200, response.text
+    seen = response.json()["choices"][0]["text"]
+    assert seen.startswith("card [card_number] and 1234567890123456")
+    assert "4111" not in seen
+    events = _events(tenant)
+    assert events[0].rules == ["pii:card_number"] and events[0].action == "log"

@@ -47,9 +47,10 @@ class Command(BaseCommand):
         parser.add_argument("--batch-discovery", help="The same for the batch pool.")
         parser.add_argument(
             "--guard-url",
-            default="http://127.0.0.1:8103",
-            help="The engine serving the guard model (tiny-guard) that moderation policies "
-            "may name; '' for none.",
+            default="",
+            help="An engine serving the tiny guard classifier (tiny-guard), registered as "
+            "model tiny-guard on pool guard for moderation policies to name (make run: "
+            "http://127.0.0.1:8103).",
         )
         parser.add_argument("--model-name", default="tiny-chat")
         parser.add_argument("--context-length", type=int, default=1024)
