@@ -234,7 +234,9 @@ def test_lines_that_fail_go_to_the_error_file_and_all_failed_is_completed(spot: 
 def test_cancel_mid_run_keeps_what_ran_and_cancels_the_rest(spot: World) -> None:
     tenant, key = spot.tenant(max_concurrency=1)  # one line at a time: the cancel lands mid-run
     client = _client(spot, key)
-    file_id = _upload(client, [_line(f"n{i}", max_tokens=48, ignore_eos=True) for i in range(12)])
+    # Lines long enough that the cancel lands while most are still to run, on a fast engine
+    # too (an AMX CPU runs the tiny model's 48 tokens in tens of milliseconds).
+    file_id = _upload(client, [_line(f"n{i}", max_tokens=240, ignore_eos=True) for i in range(12)])
     created = _create(client, file_id)
     _until(
         client,

@@ -57,10 +57,11 @@ def test_reconciliation_catches_a_dropped_record(world: World) -> None:
     code, rows = _reconcile(since)
     row = rows[0]
     assert (row["prompt_diff"], row["records"]) == ("0", "4"), rows
-    # Exact but for the one documented gap (README, Metering): the decode step in flight
-    # when the client left can add a token the engine counted and never streamed.
+    # Exact but for the one documented gap (README, Metering): the decode steps in flight
+    # when the client left (the running one and the one scheduled behind it) can add up to
+    # two tokens the engine counted and never streamed.
     gap = int(row["generation_diff"])
-    assert gap in (0, -1), rows
+    assert gap in (0, -1, -2), rows
     assert code == (0 if gap == 0 else 1)
     assert int(row["engine_generation"]) > 0 and row["exact"] == "yes"
 

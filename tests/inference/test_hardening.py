@@ -170,7 +170,8 @@ def test_a_cut_off_request_of_many_sequences_is_metered_in_full(world: World) ->
     after = settled_counters(engine)
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert record.status == "cut_off"
-    assert 0 <= generated - record.completion_tokens <= 8  # one in-flight step per sequence
+    # the decode steps in flight at the abort: two per sequence at most (README, Metering)
+    assert 0 <= generated - record.completion_tokens <= 16
     # Each prompt billed once (OpenAI's rule, and the engine's own usage report); the
     # engine's counter counts it once per sequence (n=2).
     assert record.prompt_tokens * 2 == (

