@@ -274,7 +274,9 @@ def test_cancel_mid_run_keeps_what_ran_and_cancels_the_rest(spot: World) -> None
 def test_an_expired_batch_keeps_its_answers_and_bills_nothing_else(spot: World) -> None:
     tenant, key = spot.tenant(max_concurrency=1)
     client = _client(spot, key)
-    file_id = _upload(client, [_line(f"e{i}", max_tokens=48, ignore_eos=True) for i in range(10)])
+    # Lines long enough that the expiry lands while some are still to run (see the cancel
+    # test: a fast engine runs 48 tokens in tens of milliseconds).
+    file_id = _upload(client, [_line(f"e{i}", max_tokens=240, ignore_eos=True) for i in range(10)])
     created = _create(client, file_id)
     _until(
         client,
