@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # Inferplane control plane image: one image for every app process.
-#   web     (default CMD)  uvicorn controlplane.asgi:application
+#   web     (default CMD)  scripts/web.sh (uvicorn controlplane.asgi:application)
 #   worker                 celery -A controlplane worker -Q celery -l info
 #   worker-adapters        celery -A controlplane worker -Q adapters -n adapters@%h -l info
 #   beat                   celery -A controlplane beat -l info --schedule /tmp/celerybeat-schedule
@@ -76,6 +76,7 @@ COPY billing ./billing
 COPY moderation ./moderation
 COPY dashboard ./dashboard
 COPY templates ./templates
+COPY scripts/web.sh scripts/uvicorn-json-logging.json ./scripts/
 
 # Static files are collected at build time (whitenoise serves them, hashed and compressed).
 # Production settings refuse to load without SECRET_KEY and ALLOWED_HOSTS: the values here are
@@ -89,7 +90,8 @@ RUN SECRET_KEY=collectstatic-build-only ALLOWED_HOSTS=localhost \
 USER 10001:10001
 EXPOSE 8000
 
-# Workers: $WEB_CONCURRENCY (uvicorn reads it as the default for --workers).
+# Workers: $WEB_CONCURRENCY (uvicorn reads it as the default for --workers; with more than one,
+# scripts/web.sh sets up the metrics' multiprocess directory under /tmp).
 # Health: GET /healthz. In production Django redirects plain HTTP to HTTPS, so probes send
 # "X-Forwarded-Proto: https" and a Host that is in ALLOWED_HOSTS.
-CMD ["uvicorn", "controlplane.asgi:application", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["scripts/web.sh", "--host", "0.0.0.0", "--port", "8000"]

@@ -24,7 +24,7 @@ TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
 export INFERPLANE_CACHE := $(CACHE)
 export ENGINE_PYTHON MODEL_DIR GUARD_MODEL_DIR
 
-.PHONY: help setup run test lint typecheck imports migrations pytest bench clean engine model guard venv browser lock
+.PHONY: help setup run test lint typecheck imports migrations pytest bench clean engine model guard venv browser promtool lock
 
 help:
 	@echo "make run    - set up and run the platform (web :8000, engines :8101/:8102, worker, beat)"
@@ -125,7 +125,16 @@ $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
 
-pytest: setup browser
+# promtool (Debian's prometheus package) runs the alert rules' tests and checks every rule and
+# dashboard query (tests/test_monitoring.py).
+PROMTOOL ?= /usr/bin/promtool
+promtool: $(PROMTOOL)
+$(PROMTOOL):
+	@echo "Installing Debian's prometheus package for promtool"
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+
+pytest: setup browser promtool
 	CHROMIUM=$(CHROMIUM) DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck imports migrations pytest

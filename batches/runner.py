@@ -22,6 +22,7 @@ import logging
 import secrets
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,11 +32,13 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from batches.models import Batch, Line
 from batches.services import ENDPOINTS, error_body
 from billing.services import usage_records_insert
 from contract import UsageRecord
+from controlplane.redis import redis_sync
 from inference.api.auth import KeyInfo, key_info_from_db
 from inference.api.db import run_db
 from inference.api.errors import invalid_api_key
@@ -43,6 +46,9 @@ from inference.api.lifecycle import run_whole
 from inference.catalog import catalog_read
 
 log = logging.getLogger(__name__)
+
+# Lines answered by outcome (done, failed), counted by the workers for the gateway's /metrics.
+BATCH_LINES_KEY = "ip:metrics:batch_lines"
 
 RETRY_AFTER_SECONDS = 2.0  # a line that met a passing failure waits this long, then more
 PERMANENT = frozenset(range(400, 500)) - {408, 409, 429}
@@ -180,6 +186,7 @@ def _store_many(token: str, answers: list[Answer]) -> int:
         )
     if not final:
         return kept
+    outcomes: Counter[str] = Counter()
     with transaction.atomic():
         billed = []
         for answer in final:
@@ -199,11 +206,26 @@ def _store_many(token: str, answers: list[Answer]) -> int:
                 cached_tokens=record.cached_tokens if record else 0,
             )
             kept += stored
+            if stored:
+                outcomes["done" if answer.status == 200 else "failed"] += 1
             if stored and record is not None:
                 billed.append(record)
         if billed:
             usage_records_insert(billed)
+    _count_processed(outcomes)
     return kept
+
+
+def _count_processed(outcomes: Counter[str]) -> None:
+    """Lines answered, for the gateway's /metrics (``controlplane.metrics``): workers are not
+    scraped, so they count in Redis. A count lost to a Redis outage is only a metric."""
+    try:
+        pipe = redis_sync().pipeline(transaction=False)
+        for outcome, n in outcomes.items():
+            pipe.hincrby(BATCH_LINES_KEY, outcome, n)
+        pipe.execute()
+    except RedisError:
+        log.warning("batch line counts for the metrics lost (Redis unavailable)")
 
 
 async def _run_line(plan: Plan, line: Claimed, begun: set[int]) -> Answer:

@@ -124,10 +124,11 @@ class Bench:
         cpus = "1" if self.pin else ""
         py = [sys.executable, "-m"]
         self.stop_gateway()
-        web = ["uvicorn", "controlplane.asgi:application", "--port", str(port)]
+        web = [str(ROOT / "scripts" / "web.sh"), "--port", str(port)]  # as `make run` does
         web += ["--workers", str(workers), "--no-access-log", "--lifespan", "off"]
         web += ["--timeout-keep-alive", "75"]
-        self.processes["web"] = _spawn(f"web-{port}", [*py, *web], env, cpus)
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        self.processes["web"] = _spawn(f"web-{port}", web, {**env, "PATH": path}, cpus)
         worker = ["celery", "-A", "controlplane", "worker", "-l", "warning", "--concurrency", "1"]
         worker += ["-Q", "celery,adapters"]  # adapter validation has a queue of its own
         worker += ["--without-heartbeat", "--without-gossip", "--without-mingle"]

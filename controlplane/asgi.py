@@ -20,6 +20,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.urls import path, re_path  # noqa: E402
 
 from controlplane.bodylimit import BoundedBody  # noqa: E402
+from controlplane.metrics import MetricsConsumer  # noqa: E402
 from dashboard.consumers import OpsConsumer  # noqa: E402
 from inference.api.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
 from moderation.classifier import classifier  # noqa: E402
@@ -45,6 +46,7 @@ application = ProtocolTypeRouter(
                 # The Files and Batch APIs are Django's (uploads spool to disk as they come).
                 re_path(r"^v1/(files|batches)(/|$)", django_bounded),
                 path("v1/moderations", ModerationsConsumer.as_asgi()),
+                path("metrics", MetricsConsumer.as_asgi()),
                 *http_urlpatterns,
                 re_path(r"", django_bounded),
             ]

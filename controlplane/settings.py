@@ -489,11 +489,31 @@ INFERPLANE_MAX_RESPONSE_BYTES = env_int(
 # or waits on a locked table) is taken over by the next flusher (billing.spool).
 INFERPLANE_USAGE_CLAIM_IDLE_SECONDS = env_int("INFERPLANE_USAGE_CLAIM_IDLE_SECONDS", 30, minimum=1)
 
+# --- Logs and metrics -------------------------------------------------------------------------
+# "plain" for a terminal, "json" for a log pipeline: one JSON object per line, each with the
+# request id of the request it was logged for (controlplane.logs); scripts/web.sh gives
+# uvicorn's own lines the same format.
+INFERPLANE_LOG_FORMAT = env_choice("INFERPLANE_LOG_FORMAT", "plain", {"plain", "json"})
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"request_id": {"()": "controlplane.logs.RequestIdFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(levelname)s %(name)s %(message)s %(request_id)s",
+            "rename_fields": {"levelname": "level", "name": "logger"},
+            "timestamp": "time",  # ISO 8601, UTC
+        },
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": INFERPLANE_LOG_FORMAT,
+            "filters": ["request_id"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "INFO"},
@@ -502,8 +522,19 @@ LOGGING = {
         "celery.app.trace": {"level": "WARNING"},
         "celery.worker.strategy": {"level": "WARNING"},
         "celery.beat": {"level": "WARNING"},
+        # uvicorn's lines in the same format (its access log is off: the gateway writes one
+        # line per completion request itself, logger inferplane.requests).
+        "uvicorn": {"handlers": ["console"], "propagate": False},
+        "uvicorn.error": {"handlers": ["console"], "propagate": False},
+        # The completion log: one line per metered request (LOG_LEVEL_REQUESTS=WARNING: none).
+        "inferplane.requests": {"level": env_str("LOG_LEVEL_REQUESTS", "INFO")},
     },
 }
+# A label per tenant for this many tenants per process (the first seen); the rest are "other".
+INFERPLANE_METRICS_TENANTS = env_int("INFERPLANE_METRICS_TENANTS", 100, minimum=0)
+# When set, GET /metrics needs "Authorization: Bearer <this>" (else it answers anyone who can
+# reach it: keep it off the public ingress; platform/ lets only Prometheus in).
+INFERPLANE_METRICS_TOKEN = env_str("INFERPLANE_METRICS_TOKEN", "")
 
 # --- Files and batches ------------------------------------------------------------------------
 # OpenAI's limits: an input file of at most 200 MB and 50,000 requests.

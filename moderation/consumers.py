@@ -11,7 +11,6 @@ key's request rate and concurrency apply, and the ledger gets one record with no
 from __future__ import annotations
 
 import time
-import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -20,14 +19,14 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contract import UsageRecord
-from inference.api import limits, metering
+from inference.api import limits, metering, metrics
 from inference.api.catalog import catalog_view
 from inference.api.consumers import JSON, GatewayHttpConsumer
 from inference.api.errors import ApiError, invalid_request, model_not_found
 from inference.api.lua import Batch
 from moderation.cascade import Cascade
 from moderation.categories import CATEGORIES
-from moderation.gateway import MODEL_NAME, policy_view
+from moderation.gateway import MODEL_NAME, moderation_checked, policy_view
 from moderation.policy import CategoryRule, PolicySpec
 from moderation.services import DEFAULT_THRESHOLD
 
@@ -105,6 +104,8 @@ def parse(body: bytes) -> tuple[list[str], str | None]:
 
 
 class ModerationsConsumer(GatewayHttpConsumer):
+    endpoint = "moderations"
+
     async def handle_request(self, body: bytes) -> None:
         started, t0 = datetime.now(UTC), time.perf_counter()
         key = self.checked_key
@@ -134,8 +135,9 @@ class ModerationsConsumer(GatewayHttpConsumer):
                 pii_action="off",
             )
             cascade = Cascade(key.tenant_id, only_guard)
-        rid = uuid.uuid4().hex
+        rid = self.rid
         grant = await limits.acquire(key, rid=rid, estimate=0)
+        self.ran = True  # metered from here on, whatever happens
         status = "error"
         try:
             named = model is not None and model not in OPENAI_MODELS
@@ -143,7 +145,10 @@ class ModerationsConsumer(GatewayHttpConsumer):
             deadline = time.monotonic() + (
                 GUARD_SECONDS if named else cascade.spec.budget_ms / 1000
             )
+            checked = time.perf_counter()
             assessed = await cascade.assess(texts, deadline=deadline, asked=named)
+            for found in assessed:
+                moderation_checked("api", found, time.perf_counter() - checked)
             failed = next((a.failure for a in assessed if a.failure), "")
             if failed and named:
                 # The caller named the guard: its scores, not the policy's fallback, or none.
@@ -168,6 +173,9 @@ class ModerationsConsumer(GatewayHttpConsumer):
                 duration_ms=int((time.perf_counter() - t0) * 1000),
                 started_at=started,
                 finished_at=datetime.now(UTC),
+            )
+            metrics.moderation_request(
+                tenant_slug=key.tenant_slug, model=record.model, status=status
             )
             pipe = Batch()
             grant.release_into(pipe, 0, 0)

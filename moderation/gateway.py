@@ -29,6 +29,7 @@ import msgspec
 import orjson
 from redis.exceptions import RedisError
 
+from inference.api import metrics
 from inference.api.auth import KeyInfo
 from inference.api.db import run_db
 from inference.api.redis import redis_async
@@ -148,6 +149,13 @@ async def record_event(
         await redis_async().xadd(EVENTS_STREAM, {"e": orjson.dumps(event)})
     except RedisError:
         log.warning("moderation event lost (Redis unavailable): %s", event | {"text": ""})
+
+
+def moderation_checked(stage: str, found: Assessment, seconds: float | None = None) -> None:
+    """A check's verdict in the gateway's metrics (``inferplane_moderation_checks_total``)."""
+    metrics.moderation_checked(
+        stage, action=found.action, failed=bool(found.failure), seconds=seconds
+    )
 
 
 # --- the input --------------------------------------------------------------------------------
@@ -277,7 +285,9 @@ class Guarded:
             found.escalate("log" if self.spec.fail_open else "block")
             text = ""
         else:
+            checked = time.perf_counter()
             found = (await self.cascade.assess(texts))[0]
+            moderation_checked("input", found, time.perf_counter() - checked)
             text = texts[0]
         self.input_found = found
         if found.action is None:
@@ -386,7 +396,9 @@ class Guarded:
         text = state.window(self.window)
         state.checked = end
         if self.hold:
+            checked = time.perf_counter()
             found = (await self.cascade.assess([text]))[0]
+            moderation_checked("output", found, time.perf_counter() - checked)
             cut = await self._verdict(index, text, found)
             if cut is None:
                 self._release(state, end if final else end - self.overlap, release)
@@ -405,7 +417,10 @@ class Guarded:
         return cut
 
     async def _checked(self, index: int, text: str) -> tuple[int, str, Assessment]:
-        return index, text, (await self.cascade.assess([text], rules=False))[0]
+        checked = time.perf_counter()
+        found = (await self.cascade.assess([text], rules=False))[0]
+        moderation_checked("output", found, time.perf_counter() - checked)
+        return index, text, found
 
     async def _collect(self, release: list[Chunk], *, wait: bool) -> str | None:
         while self.checks and (wait or self.checks[0].done()):
@@ -431,6 +446,7 @@ class Guarded:
         if action == "flag":
             self.show = True
         if action == "block":
+            metrics.MODERATION_CUTS.labels(self.spec.output_mode).inc()
             return _refusal(f"Choice {index}'s output", found)
         return None
 

@@ -75,14 +75,14 @@ def stack_start(
         "INFERPLANE_ENGINE_API_KEY": ENGINE_API_KEY,
         **(extra_env or {}),
     }
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     stack = Stack(url=f"http://127.0.0.1:{port}", env=env)
     contract.watch(port)  # every /v1 answer it gives is checked against OpenAI's schema
     bin_dir = Path(sys.executable).parent
     stack.processes["web"] = _spawn(
         f"{name}-web",
         [
-            str(bin_dir / "uvicorn"),
-            "controlplane.asgi:application",
+            str(ROOT / "scripts" / "web.sh"),  # as `make run` starts it
             "--port",
             str(port),
             "--workers",

@@ -173,7 +173,7 @@ class Admission:
                         await self.complete(pool=pool, rid=rid, adjustment=0)
                     raise
                 if not replica:
-                    raise overloaded(max(1, int(wait_seconds / 4))) from None
+                    raise overloaded(max(1, int(wait_seconds / 4)), kind="queue_timeout") from None
             granted = True
             return replica
         finally:

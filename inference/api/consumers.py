@@ -24,7 +24,8 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from contract import Servable
-from inference.api import pipeline
+from controlplane.logs import request_id_new
+from inference.api import metrics, pipeline
 from inference.api.auth import KeyInfo, authenticate, bearer_token
 from inference.api.catalog import catalog_view
 from inference.api.errors import ApiError, model_not_found, overloaded
@@ -69,12 +70,17 @@ class GatewayHttpConsumer(AsyncHttpConsumer):
     methods: tuple[str, ...] = ("POST",)
     needs_key = True
     channel_layer_alias = "__none__"  # request/response only: no channel layer round trips
+    endpoint = "other"  # the metrics' endpoint label
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.size = 0
         self.key: KeyInfo | None = None
         self.task: asyncio.Task[None] | None = None
+        self.rid = ""
+        # The request ran (a call was made): it is metered and counted when it settles, so
+        # an error it then answers is not counted again as a refusal.
+        self.ran = False
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels closes stale DB connections (a thread hop) before every message; this
@@ -132,6 +138,8 @@ class GatewayHttpConsumer(AsyncHttpConsumer):
         # Before the first receive: the server hands the app no message until body bytes
         # arrive, and a client that announces a body need not send any.
         self.scope, self.base_send = scope, send
+        # The request's id, on every line logged for it and on its answer, error or not.
+        self.rid = request_id_new()
         early = await self.check_before_body()
         if early is not None:
             await self.send_error(early)
@@ -186,8 +194,23 @@ class GatewayHttpConsumer(AsyncHttpConsumer):
             )
 
     async def send_error(self, error: ApiError, extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        if not self.ran:
+            metrics.request_refused(
+                error,
+                endpoint=self.endpoint,
+                tenant_slug=self.key.tenant_slug if self.key else None,
+            )
         headers = [JSON, *extra, *((k.encode(), v.encode()) for k, v in error.headers.items())]
         await self.send_response(error.status, error.json(), headers=headers)
+
+    async def send_headers(
+        self, *, status: int = 200, headers: Sequence[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        """Every answer names its request (``x-request-id``), as OpenAI's do."""
+        headers = list(headers or ())
+        if self.rid and not any(name == b"x-request-id" for name, _ in headers):
+            headers.append((b"x-request-id", self.rid.encode()))
+        await super().send_headers(status=status, headers=headers)
 
     async def handle_request(self, body: bytes) -> None:
         raise NotImplementedError
@@ -197,7 +220,10 @@ class CompletionConsumer(GatewayHttpConsumer):
     endpoint = "chat.completions"
 
     async def handle_request(self, body: bytes) -> None:
-        life = await Lifecycle.begin(key=self.checked_key, raw_body=body, endpoint=self.endpoint)
+        life = await Lifecycle.begin(
+            key=self.checked_key, raw_body=body, endpoint=self.endpoint, rid=self.rid
+        )
+        self.ran = True
         async with life:
             try:
                 await life.start()
@@ -249,6 +275,7 @@ def _model_object(found: Servable) -> dict[str, Any]:
 
 class ModelsConsumer(GatewayHttpConsumer):
     methods = ("GET",)
+    endpoint = "models"
 
     def max_body(self) -> int:
         return 0  # a GET carries no body
@@ -272,6 +299,7 @@ class NotFoundConsumer(GatewayHttpConsumer):
     """Any other ``/v1`` path: answered before the body is read, whoever asks."""
 
     needs_key = False
+    endpoint = "unknown"
 
     async def check_before_body(self) -> ApiError | None:
         return ApiError(
@@ -308,6 +336,7 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
                     self.authorization = bearer_token(bytes(value))
                     await authenticate(self.authorization)
                 except ApiError as error:
+                    metrics.request_refused(error, endpoint="ws", tenant_slug=None)
                     await self.accept()
                     await self.send_json(
                         {"type": "error", "id": None, "error": error.body()["error"]}
@@ -409,28 +438,50 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
 
     async def run(self, rid: str, message: dict[str, Any]) -> None:
         started = time.perf_counter()
+        request_id = request_id_new()  # this task's: every line it logs carries it
+        # The key once checked, and whether a call was made (then it is counted when settled).
+        seen: dict[str, Any] = {}
+        endpoint = message.get("endpoint", "chat.completions")
         try:
-            endpoint = message.get("endpoint", "chat.completions")
             if endpoint not in ("chat.completions", "completions"):
+                endpoint = "ws"
                 raise ApiError(
                     400, "endpoint must be chat.completions or completions", param="endpoint"
                 )
             if not self.authorization:
                 raise ApiError(401, "Authenticate first.", code="invalid_api_key")
-            await self.run_call(rid, endpoint, message.get("body"), started)
-        except ApiError as error:
+            await self.run_call(rid, endpoint, message.get("body"), started, request_id, seen)
+        except (ApiError, RedisError, DatabaseError) as exc:
+            error = (
+                exc
+                if isinstance(exc, ApiError)
+                else overloaded(1, "The service is briefly unavailable. Retry in a moment.")
+            )
+            if not seen.get("ran"):
+                key = seen.get("key")
+                metrics.request_refused(
+                    error, endpoint=endpoint, tenant_slug=key.tenant_slug if key else None
+                )
             await self.send_json({"type": "error", "id": rid, "error": error.body()["error"]})
-        except (RedisError, DatabaseError):
-            busy = overloaded(1, "The service is briefly unavailable. Retry in a moment.")
-            await self.send_json({"type": "error", "id": rid, "error": busy.body()["error"]})
         except ClientGone:
             pass
         finally:
             self.running.pop(rid, None)
 
-    async def run_call(self, rid: str, endpoint: str, body: Any, started: float) -> None:
-        key = await authenticate(self.authorization)  # revoked meanwhile: refused from now on
-        life = await Lifecycle.begin(key=key, raw_body=orjson.dumps(body), endpoint=endpoint)
+    async def run_call(
+        self,
+        rid: str,
+        endpoint: str,
+        body: Any,
+        started: float,
+        request_id: str,
+        seen: dict[str, Any],
+    ) -> None:
+        key = seen["key"] = await authenticate(self.authorization)  # revoked: refused now
+        life = await Lifecycle.begin(
+            key=key, raw_body=orjson.dumps(body), endpoint=endpoint, rid=request_id
+        )
+        seen["ran"] = True
         async with life:  # a closed socket (ClientGone) or a cancel: cut off, drained, metered
             call = life.call
             await life.start()

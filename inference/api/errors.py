@@ -1,10 +1,26 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, and the
+fixed set of kinds the gateway's metrics count them by (``ApiError.kind``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
+
+# Every kind an error is counted as (``inferplane_request_errors_total{type}``): a fixed set,
+# so a client can never mint a label value.
+ERROR_KINDS = (
+    "auth",
+    "rate_limited",
+    "queue_timeout",
+    "overloaded",
+    "upstream",
+    "adapter_load",
+    "client_disconnect",
+    "invalid_request",
+    "content_filter",
+    "internal",
+)
 
 
 class ApiError(Exception):
@@ -17,6 +33,7 @@ class ApiError(Exception):
         code: str | None = None,
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        kind: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -25,6 +42,27 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.headers = headers or {}
+        self._kind = kind
+
+    @property
+    def kind(self) -> str:
+        """What went wrong, for the metrics: one of ``ERROR_KINDS``. Said where the error is
+        made when its status does not tell (a queue wait, an adapter's load); else derived."""
+        if self._kind:
+            return self._kind
+        if self.code == "content_policy_violation":
+            return "content_filter"
+        if self.status in (401, 403):
+            return "auth"
+        if self.status == 429:
+            return "rate_limited"
+        if self.status == 503:
+            return "overloaded"
+        if self.status == 500:
+            return "internal"
+        if self.status >= 500:
+            return "upstream"
+        return "invalid_request"
 
     def body(self) -> dict[str, Any]:
         return {
@@ -62,11 +100,14 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
-def overloaded(retry_after: int, message: str | None = None) -> ApiError:
+def overloaded(
+    retry_after: int, message: str | None = None, *, kind: str | None = None
+) -> ApiError:
     return ApiError(
         503,
         message or "The pool is at capacity and your request waited too long. Retry later.",
         type="server_error",
         code="overloaded",
         headers={"retry-after": str(retry_after)},
+        kind=kind,
     )

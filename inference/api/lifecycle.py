@@ -77,11 +77,13 @@ class Lifecycle:
         mode: str = "online",
         ledger: Callable[[UsageRecord], None] | None = None,
         whole: bool = False,
+        rid: str = "",
     ) -> Lifecycle:
         """``pool``: the pool to run on (by name) instead of the model's online pool;
         ``mode`` and ``ledger``: how the call is billed and where its record goes;
         ``whole``: the engine answers non-streamed (``Call``; then ``whole()`` is the only
-        way to read the answer, and no output filter applies)."""
+        way to read the answer, and no output filter applies); ``rid``: the request id the
+        transport gave the request already (``controlplane.logs``), else a new one."""
         if whole and (output_filter is not None or input_check is not None):
             raise ValueError("a filter or check that can stop the answer needs its stream")
         # The tenant's moderation, unless the caller brought seams of its own.
@@ -98,6 +100,7 @@ class Lifecycle:
             # A guard that can stop the answer bills what the engine made: only a stream
             # says how much that was.
             whole=whole and build is None,
+            rid=rid,
         )
         life = cls(call, output_filter=output_filter, input_check=input_check)
         if build is not None:

@@ -73,6 +73,7 @@ def adapter_refused(message: str) -> ApiError:
         "is fixed.",
         type="server_error",
         code="adapter_load_failed",
+        kind="adapter_load",
     )
 
 
@@ -137,6 +138,7 @@ async def load(*, pool: str, replica: str, url: str, name: str, path: str, capac
                 type="server_error",
                 code="adapter_loading",
                 headers={"retry-after": "5"},
+                kind="adapter_load",
             )
 
 

@@ -13,7 +13,6 @@ import asyncio
 import enum
 import logging
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,7 +33,8 @@ from contract import (
     UsageRecord,
     price_in_force,
 )
-from inference.api import limits, lora, metering, responses
+from controlplane.logs import request_id_new, request_id_var
+from inference.api import limits, lora, metering, metrics, responses
 from inference.api.admission import W_IN, W_OUT, CatalogMissing, admission
 from inference.api.auth import KeyInfo
 from inference.api.catalog import catalog_view
@@ -58,6 +58,7 @@ from inference.api.upstream import (
 from inference.engine_auth import engine_auth_headers
 
 log = logging.getLogger(__name__)
+requests_log = logging.getLogger("inferplane.requests")
 
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens assumed when max_tokens is not given
 PROGRESS_SECONDS = 1.0  # how often a running request's output tokens are charged
@@ -187,6 +188,9 @@ class Call:
     # The engine answers whole, not streamed (a batch line: nobody watches it arrive, and a
     # whole answer costs the engine and us less per token); see ``Relay._post_whole``.
     whole: bool = False
+    # What a failure is counted as in the metrics when the ledger status does not tell
+    # (``errors.ERROR_KINDS``; empty: by status, see ``metrics.request_settled``).
+    error_kind: str = ""
 
     def _move(self, to: State) -> None:
         if to not in _NEXT[self.state]:
@@ -309,10 +313,11 @@ async def prepare(
     mode: str = "online",
     ledger: Callable[[UsageRecord], None] | None = None,
     whole: bool = False,
+    rid: str = "",
 ) -> Call:
     """Everything before the engine, for a request whose key was authenticated; on the
     model's online pool, or on ``pool`` (by name) when given. ``mode``, ``ledger`` and
-    ``whole``: see ``Call``."""
+    ``whole``: see ``Call``; ``rid``: the request's id, if the transport made it already."""
     t0 = time.perf_counter()
     started_at = datetime.now(UTC)
     parsed = parse_request(raw_body, endpoint)
@@ -333,7 +338,12 @@ async def prepare(
         context_length=model.context_length,
         tenant_cap=key.limit("max_tokens_per_request"),
     )
-    rid = uuid.uuid4().hex
+    # The id the transport made for this request (its early answers carried it), else a new
+    # one; from here on every line this task logs carries it (controlplane.logs).
+    if rid:
+        request_id_var.set(rid)
+    else:
+        rid = request_id_new()
     completion_estimate = parsed.sequences * (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
     rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=started_at.timestamp())
     grant = await limits.acquire(
@@ -348,6 +358,7 @@ async def prepare(
             batch=mode == "batch",
         ),
     )
+    queued_at = time.perf_counter()
     try:
         replica = await _admit(view, pool_name, pool_info, rid, key, parsed, grant, adapter)
     except BaseException:
@@ -360,7 +371,7 @@ async def prepare(
             await asyncio.shield(_give_back(pool_name, rid, grant))
             raise
         pool_info = (view.data or catalog).pools.get(pool_name, pool_info)
-    return Call(
+    call = Call(
         rid=rid,
         key=key,
         parsed=parsed,
@@ -388,6 +399,8 @@ async def prepare(
         ledger=ledger,
         whole=whole,
     )
+    metrics.queue_waited(call, time.perf_counter() - queued_at)
+    return call
 
 
 def _check_fits(parsed: ParsedRequest, capacity: int) -> None:
@@ -570,6 +583,7 @@ class Relay:
             await self._failover(f"HTTP {status}")
         else:
             call.fail(f"engine refused: HTTP {status}")
+            call.error_kind = "invalid_request" if status < 500 else "upstream"
             raise engine_error(status, body)
         return reloaded
 
@@ -677,9 +691,13 @@ class Relay:
         except RedisError:
             log.warning("adapter bookkeeping unavailable", exc_info=True)
             call.fail("adapter bookkeeping unavailable")
-            raise overloaded(2, "Adapters cannot be placed for a moment. Retry shortly.") from None
+            call.error_kind = "adapter_load"
+            raise overloaded(
+                2, "Adapters cannot be placed for a moment. Retry shortly.", kind="adapter_load"
+            ) from None
         except ApiError as exc:  # the engine refused the adapter, or its load takes too long
             call.fail(exc.message)
+            call.error_kind = exc.kind
             raise
 
     async def _forget_adapter(self, adapter: Adapter) -> None:
@@ -724,6 +742,9 @@ class Relay:
         model = call.parsed.model
         batch, self.first = self.first, None
         stall = settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS
+        gaps = metrics.ITL.labels(call.route.pool, call.base_model or model)
+        clock = time.perf_counter
+        last = clock()
         try:
             while True:
                 out = []
@@ -753,6 +774,9 @@ class Relay:
                 try:
                     async with asyncio.timeout(stall):
                         batch = await anext(self.batches)
+                    now = clock()
+                    gaps.observe(now - last)
+                    last = now
                 except StopAsyncIteration:  # ended without [DONE]; vLLM always sends it
                     self.read_to_end = True
                     call.end()
@@ -868,6 +892,7 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         call.counts.completion - call.counts.progressed
     )
     finished_at = datetime.now(UTC)
+    duration = time.perf_counter() - call.t0
     record = UsageRecord(
         request_id=call.rid,
         tenant_id=call.key.tenant_id,
@@ -883,13 +908,15 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         pool=call.route.pool,
         replica=call.replica_name if call.route.replica_url else "",
         ttft_ms=call.counts.ttft_ms,
-        duration_ms=int((time.perf_counter() - call.t0) * 1000),
+        duration_ms=int(duration * 1000),
         error=call.error,
         started_at=call.started_at,
         finished_at=finished_at,
     )
     tokens = call.counts.prompt + call.counts.completion
     cost = _cost(call)
+    metrics.request_settled(call, status, duration, cost)
+    _log_completion(record)
     try:
         # Slot, limits and ledger in one round trip (a Redis that lost the scripts gets them
         # loaded and only the scripts that failed run again: see inference.api.lua.Batch).
@@ -916,6 +943,34 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
             await metering.store_directly(record)
     if call.ledger is not None:
         call.ledger(record)
+
+
+def _log_completion(record: UsageRecord) -> None:
+    """The request's one completion line (logger ``inferplane.requests``): who, where, how it
+    ended, how long, how many tokens — never the key's secret or a word of the prompt."""
+    if not requests_log.isEnabledFor(logging.INFO):
+        return
+    fields = {
+        "event": "completion",
+        "tenant_id": record.tenant_id,
+        "api_key_id": record.api_key_id,
+        "pool": record.pool,
+        "replica": record.replica,
+        "model": record.model,
+        "adapter": record.adapter,
+        "endpoint": record.endpoint,
+        "mode": record.mode,
+        "status": record.status,
+        "ttft_ms": record.ttft_ms,
+        "duration_ms": record.duration_ms,
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "cached_tokens": record.cached_tokens,
+    }
+    requests_log.info(
+        " ".join(f"{name}={value}" for name, value in fields.items()),
+        extra={**fields, "request_id": record.request_id},
+    )
 
 
 def _price(

@@ -1,0 +1,217 @@
+"""The gateway's own Prometheus metrics, recorded on the request path (``/metrics`` serves
+them with the platform's state read at scrape time: ``controlplane.metrics``).
+
+Names are ``inferplane_*`` in base units (seconds, tokens). Labels come from a fixed
+allowlist: ``pool``, ``model`` (the public base model: never an adapter), ``endpoint``,
+``status`` (the ledger's), ``type`` (``errors.ERROR_KINDS``), ``kind`` and ``tenant`` (the
+tenant's slug, for the first ``INFERPLANE_METRICS_TENANTS`` tenants this process sees; every
+later one is ``other``). Never a key, a request id or an adapter: a label's every value is a
+series Prometheus keeps, and a client must not be able to mint them.
+
+The histograms use vLLM's own bucket boundaries (vllm/v1/metrics/buckets.py, 0.32), so a
+gateway quantile and the engine's quantile of the same thing compare bucket for bucket.
+
+With several web processes (uvicorn ``--workers N``) every process writes its values to
+files in ``PROMETHEUS_MULTIPROC_DIR`` and a scrape of any one of them sums them all
+(prometheus_client's multiprocess mode; ``scripts/web.sh`` sets it up). Exemplars (the
+request id on a TTFT or latency observation) exist only in one-process mode: prometheus_client
+does not keep them in its multiprocess files.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from prometheus_client import Counter, Histogram
+
+if TYPE_CHECKING:
+    from inference.api.errors import ApiError
+    from inference.api.pipeline import Call
+
+# vLLM 0.32's buckets (REQUEST_LATENCY, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY).
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+TIME_TO_FIRST_TOKEN_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+INTER_TOKEN_LATENCY_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+# The admission queue: a wait is bounded by the pool's max_queue_wait_seconds (default 30 s);
+# vLLM's request_queue_time uses the request-latency buckets, which start at 0.3 s, and most
+# of ours are immediate, so finer ones below it (the same as TTFT's there).
+QUEUE_WAIT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, *REQUEST_LATENCY_BUCKETS,
+)  # fmt: skip
+
+OTHER = "other"
+NONE = "none"  # no tenant (the key was not accepted)
+
+REQUESTS = Counter(
+    "inferplane_requests",
+    "Completion requests the gateway ran and metered, by the ledger's status "
+    "(ok, error, cut_off, content_filter): each is one row of the usage ledger.",
+    ["pool", "model", "endpoint", "status", "tenant"],
+)
+ERRORS = Counter(
+    "inferplane_request_errors",
+    "Requests that did not end ok, by what went wrong (refused before running, or ended "
+    "badly after): auth, rate_limited, queue_timeout, overloaded, upstream, adapter_load, "
+    "client_disconnect, invalid_request, content_filter, internal.",
+    ["endpoint", "type", "tenant"],
+)
+TOKENS = Counter(
+    "inferplane_tokens",
+    "Tokens of metered requests, as the engine counted them (kind: prompt, completion, "
+    "cached; cached tokens are part of the prompt's).",
+    ["pool", "model", "kind", "tenant"],
+)
+COST = Counter(
+    "inferplane_cost_dollars",
+    "What metered requests cost at the price book's rates, in US dollars (the ledger's "
+    "micro-dollars / 1e6; batch lines are billed by the workers and not counted here).",
+    ["pool", "model", "tenant"],
+)
+TTFT = Histogram(
+    "inferplane_time_to_first_token_seconds",
+    "From the request's arrival to the engine's first event relayed (queue wait included).",
+    ["pool", "model", "tenant"],
+    buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+)
+ITL = Histogram(
+    "inferplane_inter_token_latency_seconds",
+    "The gap between two consecutive deliveries of a stream's tokens, as the gateway "
+    "received them from the engine.",
+    ["pool", "model"],
+    buckets=INTER_TOKEN_LATENCY_BUCKETS,
+)
+E2E = Histogram(
+    "inferplane_e2e_request_latency_seconds",
+    "From the request's arrival to its end (answered, failed, cut off or filtered).",
+    ["pool", "model", "endpoint"],
+    buckets=REQUEST_LATENCY_BUCKETS,
+)
+QUEUE_WAIT = Histogram(
+    "inferplane_admission_queue_wait_seconds",
+    "How long a request waited for fair admission to a replica (0 when there was room).",
+    ["pool", "tenant"],
+    buckets=QUEUE_WAIT_BUCKETS,
+)
+MODERATION_CHECKS = Counter(
+    "inferplane_moderation_checks",
+    "Moderation checks run (stage: input, output, api), by verdict: pass, flag, log, "
+    "block, error (a check that failed or ran out of time).",
+    ["stage", "verdict"],
+)
+MODERATION_CHECK_SECONDS = Histogram(
+    "inferplane_moderation_check_seconds",
+    "How long one moderation check took (rules, classifier and guard model together).",
+    ["stage"],
+    buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+)
+MODERATION_CUTS = Counter(
+    "inferplane_moderation_cuts",
+    "Answers the output guard stopped with finish_reason content_filter, by output mode.",
+    ["mode"],
+)
+
+
+# Every series of a fixed label set exists from the start (at 0), so a rate over it is 0
+# rather than absent until the first event: dashboards and alerts see "none yet".
+for _stage in ("input", "output", "api"):
+    for _verdict in ("pass", "flag", "log", "block", "error"):
+        MODERATION_CHECKS.labels(_stage, _verdict)
+    MODERATION_CHECK_SECONDS.labels(_stage)
+for _mode in ("hold", "async"):
+    MODERATION_CUTS.labels(_mode)
+
+
+class TenantLabels:
+    """The tenant label: the slug of the first ``cap`` tenants this process sees, ``other``
+    for every later one, so 1,000 tenants cost at most ``cap`` series per metric per process."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.seen: set[str] = set()
+
+    def __call__(self, slug: str) -> str:
+        if slug in self.seen:
+            return slug
+        if len(self.seen) < self.cap:
+            self.seen.add(slug)
+            return slug
+        return OTHER
+
+
+_tenants: TenantLabels | None = None
+
+
+def tenant_label(slug: str) -> str:
+    global _tenants
+    if _tenants is None:
+        _tenants = TenantLabels(settings.INFERPLANE_METRICS_TENANTS)
+    return _tenants(slug)
+
+
+def request_settled(call: Call, status: str, duration: float, cost_micros: int) -> None:
+    """One metered request: its ledger row's status, tokens and cost, its latencies."""
+    pool = call.route.pool
+    model = call.base_model or call.parsed.model
+    endpoint = call.parsed.endpoint
+    tenant = tenant_label(call.key.tenant_slug)
+    counts = call.counts
+    REQUESTS.labels(pool, model, endpoint, status, tenant).inc()
+    TOKENS.labels(pool, model, "prompt", tenant).inc(counts.prompt)
+    TOKENS.labels(pool, model, "completion", tenant).inc(counts.completion)
+    if counts.cached:
+        TOKENS.labels(pool, model, "cached", tenant).inc(counts.cached)
+    if cost_micros:
+        COST.labels(pool, model, tenant).inc(cost_micros / 1_000_000)
+    exemplar = {"request_id": call.rid}
+    if counts.ttft_ms is not None:
+        TTFT.labels(pool, model, tenant).observe(counts.ttft_ms / 1000, exemplar)
+    E2E.labels(pool, model, endpoint).observe(duration, exemplar)
+    if status != "ok":
+        ERRORS.labels(endpoint, call.error_kind or _ENDED[status], tenant).inc()
+
+
+# What a metered request that did not end ok is counted as, unless the call says
+# (``Call.error_kind``: an engine that refused the request as invalid, say).
+_ENDED = {"error": "upstream", "cut_off": "client_disconnect", "content_filter": "content_filter"}
+
+
+def request_refused(error: ApiError, *, endpoint: str, tenant_slug: str | None) -> None:
+    """A request answered with an error before it ran (nothing metered)."""
+    tenant = tenant_label(tenant_slug) if tenant_slug else NONE
+    ERRORS.labels(endpoint, error.kind, tenant).inc()
+
+
+def queue_waited(call: Call, seconds: float) -> None:
+    QUEUE_WAIT.labels(call.route.pool, tenant_label(call.key.tenant_slug)).observe(seconds)
+
+
+def token_gap(call: Call, seconds: float) -> None:
+    ITL.labels(call.route.pool, call.base_model or call.parsed.model).observe(seconds)
+
+
+def moderation_request(*, tenant_slug: str, model: str, status: str) -> None:
+    """One ``/v1/moderations`` request: metered (a ledger row) like a completion."""
+    tenant = tenant_label(tenant_slug)
+    REQUESTS.labels("", model, "moderations", status, tenant).inc()
+    if status != "ok":
+        ERRORS.labels("moderations", "upstream", tenant).inc()
+
+
+def moderation_checked(
+    stage: str, *, action: str | None, failed: bool, seconds: float | None = None
+) -> None:
+    """One moderation check's verdict (and, when it was timed, how long it took)."""
+    verdict = "error" if failed else (action or "pass")
+    MODERATION_CHECKS.labels(stage, verdict).inc()
+    if seconds is not None:
+        MODERATION_CHECK_SECONDS.labels(stage).observe(seconds)
