@@ -27,6 +27,9 @@ class UsageRecord(models.Model):
     )
     model = models.CharField(max_length=200)
     adapter = models.CharField(max_length=200, blank=True)
+    # The routed name asked for when a route (a canary) picked the target: model and adapter
+    # then name the target that served it.
+    route = models.CharField(max_length=200, blank=True)
     endpoint = models.CharField(max_length=32)
     mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.ONLINE)
     status = models.CharField(max_length=16, choices=Status.choices)

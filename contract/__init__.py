@@ -118,14 +118,36 @@ class Catalog(msgspec.Struct, frozen=True):
     models: dict[str, CatalogModel]
     pools: dict[str, CatalogPool]
     adapters: dict[str, CatalogAdapter] = {}
+    # A routed name -> its targets with their integer weights (inference.models.ModelRoute).
+    routes: dict[str, list[tuple[str, int]]] = {}
 
-    def callable(self, name: str, tenant_id: int, *, kind: str = "online") -> Servable | None:
+    def route(self, name: str, draw: float) -> str:
+        """The target a request for ``name`` runs on: by weight, ``draw`` in [0, 1) picking
+        (``random.random()``); ``name`` itself when it is not routed."""
+        targets = self.routes.get(name)
+        if not targets:
+            return name
+        total = sum(weight for _, weight in targets)
+        point = draw * total
+        for target, weight in targets:
+            if point < weight:
+                return target
+            point -= weight
+        return next(target for target, weight in reversed(targets) if weight)
+
+    def callable(
+        self, name: str, tenant_id: int, *, kind: str = "online", routed: bool = True
+    ) -> Servable | None:
         """Whether the tenant may send ``name`` as ``model``, and what it then calls: a base
         model open to it (public, or allowed to it), or its own adapter on one —
         ``<slug>/<name>`` for the newest version, ``<slug>/<name>:<version>`` for one.
         Another tenant's adapter is as unknown as one that does not exist. ``kind`` says
         which pool to name: ``online`` (dedicated) or ``batch`` (spot). The one place this
-        is decided."""
+        is decided. A routed name (``routes``) is what its heaviest target is: a request
+        picks its own target first (``route``) and asks for that with ``routed=False``."""
+        asked = name
+        if routed and name in self.routes:
+            name = max(self.routes[name], key=lambda target: target[1])[0]
         adapter, entry, base = None, None, name
         if "/" in name:
             address, _, version = name.partition(":")
@@ -141,14 +163,14 @@ class Catalog(msgspec.Struct, frozen=True):
             return None
         pool = model.online_pool if kind == "online" else model.batch_pool
         if entry is None:
-            return Servable(name, model.created, "inferplane", base, model, pool)
+            return Servable(asked, model.created, "inferplane", base, model, pool)
         owner = name.partition("/")[0]
-        return Servable(name, entry.created, owner, base, model, pool, adapter)
+        return Servable(asked, entry.created, owner, base, model, pool, adapter)
 
     def callable_by(self, tenant_id: int, *, kind: str = "online") -> dict[str, Servable]:
         """Every name the tenant can call right now (a pool of that kind serves it): the base
         models, then its adapters (for each, the newest by its address, then each version)."""
-        names = list(self.models)
+        names = [*self.models, *(name for name in self.routes if name not in self.models)]
         for address, entry in self.adapters.items():
             if entry.tenant == tenant_id:
                 for version in entry.versions:
@@ -172,6 +194,7 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     api_key_id: int | None = None
     model: str  # the base model billed
     adapter: str = ""  # ``<name>:<version>`` of the tenant's adapter, if one served it
+    route: str = ""  # the routed name asked for (a canary), when a route picked the target
     endpoint: str  # chat.completions | completions
     mode: str = "online"  # online | batch
     status: str  # ok | error | cut_off | ...

@@ -196,3 +196,25 @@ class ModerationPolicyForm(forms.Form):
             name: {"threshold": data["threshold"], "action": data["action"]} for name in categories
         }
         return out
+
+
+class RouteForm(forms.Form):
+    """A model route as an operator types it: the name, and ``TARGET=WEIGHT ...``."""
+
+    name = forms.CharField(max_length=200)
+    targets = forms.CharField(
+        max_length=2000,
+        help_text="TARGET=WEIGHT, separated by spaces: tiny-chat=90 tiny-chat-next=10. "
+        "Moving every weight to one target is the rollback (or the promotion).",
+    )
+
+    def clean_targets(self) -> list[tuple[str, int]]:
+        parsed = []
+        for pair in self.cleaned_data["targets"].split():
+            target, sep, weight = pair.rpartition("=")
+            if not sep or not target or not weight.isdigit():
+                raise forms.ValidationError(f"{pair}: write each target as TARGET=WEIGHT.")
+            parsed.append((target, int(weight)))
+        if not parsed:
+            raise forms.ValidationError("Give at least one TARGET=WEIGHT.")
+        return parsed

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+from django.core.paginator import Page, Paginator
 from django.db.models import Q, QuerySet, Sum
 
 from billing.models import DailyUsage, UsageRecord
@@ -106,10 +107,14 @@ def ops_snapshot() -> dict[str, Any]:
     probe; in flight, capacity and adapters from the admission state in Redis) and per
     tenant what runs and what waits."""
 
-    tenants = {t.pk: t for t in Tenant.objects.all()}
     pools = []
-    for pool in Pool.objects.select_related("model").prefetch_related("replicas"):
-        state = queue_state(pool.name)
+    every = list(Pool.objects.select_related("model").prefetch_related("replicas"))
+    states = {pool.name: queue_state(pool.name) for pool in every}
+    # Only the tenants that run or wait somewhere: the page stays light with 1,000 tenants.
+    active = {t for state in states.values() for t in (*state.running, *state.waiting)}
+    tenants = Tenant.objects.in_bulk(active)
+    for pool in every:
+        state = states[pool.name]
         replicas = list(pool.replicas.all())
         held = adapters_held(pool.name, [str(r.pk) for r in replicas])
         pools.append(
@@ -134,7 +139,19 @@ def ops_snapshot() -> dict[str, Any]:
                 "queued": state.queued,
             }
         )
-    return {"pools": pools, "tenants": sorted(tenants.values(), key=lambda t: t.slug)}
+    return {"pools": pools}
+
+
+OPS_TENANTS_PER_PAGE = 50
+
+
+def ops_tenants(*, query: str, page: str | int | None) -> Page[Tenant]:
+    """The operator's tenant table: a page of 50, by slug, filtered by a search on slug or
+    name (a page out of range gives the last one)."""
+    tenants = Tenant.objects.order_by("slug")
+    if query:
+        tenants = tenants.filter(Q(slug__icontains=query) | Q(name__icontains=query))
+    return Paginator(tenants, OPS_TENANTS_PER_PAGE).get_page(page)
 
 
 def playground_models(*, tenant: Tenant) -> list[str]:

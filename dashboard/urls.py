@@ -14,6 +14,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.home, name="home"),
     path("ops/", views.ops, name="ops"),
+    path("ops/routes/", views.ops_route, name="ops-route"),
     path("t/<slug:slug>/", views.overview, name="overview"),
     path("t/<slug:slug>/keys/", views.keys, name="keys"),
     path("t/<slug:slug>/keys/<int:key_id>/revoke/", views.key_revoke, name="key-revoke"),

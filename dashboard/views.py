@@ -42,6 +42,8 @@ from billing.pricing import micros_to_usd
 from billing.selectors import invoice_get, invoice_list
 from dashboard import forms, selectors
 from dashboard.access import page_access, page_user
+from inference import selectors as inference_selectors
+from inference import services as inference_services
 from inference.api.errors import ApiError
 from moderation import selectors as moderation_selectors
 from moderation import services as moderation_services
@@ -779,11 +781,48 @@ def _staff(request: HttpRequest) -> None:
 @login_required
 @require_GET
 def ops(request: HttpRequest) -> HttpResponse:
-    """Platform staff: pools, replicas and queues (the table refreshes itself every 2 s)."""
+    """Platform staff: pools, replicas and queues (the table refreshes itself every 2 s),
+    model routes (canaries) and the tenants, a page of 50 at a time, searchable."""
     _staff(request)
-    context = {"section": "ops", **selectors.ops_snapshot()}
-    template = "dashboard/_ops.html" if request.GET.get("fragment") else "dashboard/ops.html"
-    return render(request, template, context)
+    if request.GET.get("fragment"):
+        return render(request, "dashboard/_ops.html", selectors.ops_snapshot())
+    return _ops_page(request, forms.RouteForm())
+
+
+def _ops_page(request: HttpRequest, route_form: forms.RouteForm, status: int = 200) -> HttpResponse:
+    query = request.GET.get("q", "").strip()[:100]
+    context = {
+        "section": "ops",
+        **selectors.ops_snapshot(),
+        "routes": inference_selectors.model_route_list(),
+        "route_form": route_form,
+        "tenants": selectors.ops_tenants(query=query, page=request.GET.get("page")),
+        "query": query,
+    }
+    return render(request, "dashboard/ops.html", context, status=status)
+
+
+@login_required
+@require_POST
+def ops_route(request: HttpRequest) -> HttpResponse:
+    """Set a model route's weights (or clear it): every web process follows within a second."""
+    _staff(request)
+    form = forms.RouteForm(request.POST)
+    if request.POST.get("clear"):
+        with transaction.atomic():
+            inference_services.model_route_clear(name=request.POST.get("name", ""))
+        return redirect("dashboard:ops")
+    if form.is_valid():
+        try:
+            with transaction.atomic():
+                inference_services.model_route_set(
+                    name=form.cleaned_data["name"], targets=form.cleaned_data["targets"]
+                )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            return redirect("dashboard:ops")
+    return _ops_page(request, form, status=400)
 
 
 # --- Playground ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Control API for pools and their replicas: platform staff only.
+"""Control API for pools, their replicas and model routes (canaries): platform staff only.
 
 Like creating tenants, these are operator actions: anyone else gets 403 (the endpoints are
 documented; no pool, replica or URL is revealed). One view per operation.
@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from inference import selectors, services
-from inference.models import Pool, Replica
+from inference.models import ModelRoute, Pool, Replica
 
 
 class ReplicaOutputSerializer(serializers.Serializer[Any]):
@@ -145,3 +147,69 @@ class ReplicaRemoveApi(APIView):
         name = replica.name
         in_flight = services.replica_remove(replica=replica, force=data.validated_data["force"])
         return Response(self.OutputSerializer({"removed": name, "in_flight": in_flight}).data)
+
+
+# --- routes (canaries) -------------------------------------------------------------------
+
+
+class RouteTargetSerializer(serializers.Serializer[Any]):
+    target = serializers.CharField(
+        max_length=200, help_text="A model's name, or <slug>/<adapter>:<version>."
+    )
+    weight = serializers.IntegerField(min_value=0, max_value=services.MAX_ROUTE_WEIGHT)
+
+
+class RouteOutputSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField()
+    targets = RouteTargetSerializer(many=True)
+    updated_at = serializers.DateTimeField()
+
+
+def _route_out(route: ModelRoute) -> dict[str, object]:
+    return {
+        "name": route.name,
+        "targets": [{"target": t, "weight": w} for t, w in route.targets],
+        "updated_at": route.updated_at,
+    }
+
+
+class RouteListApi(APIView):
+    """Every routed model name and its weighted targets."""
+
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(responses={200: RouteOutputSerializer(many=True)})
+    def get(self, request: Request) -> Response:
+        return Response([_route_out(route) for route in selectors.model_route_list()])
+
+
+class RouteSetApi(APIView):
+    """Route a name to weighted targets (a canary), or move the weights (a rollback: 100 to
+    the stable target). Every web process follows within a second."""
+
+    permission_classes = [IsAdminUser]
+
+    class InputSerializer(serializers.Serializer[Any]):
+        targets = RouteTargetSerializer(many=True, allow_empty=False)
+
+    @extend_schema(request=InputSerializer, responses={200: RouteOutputSerializer})
+    def put(self, request: Request, name: str) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        targets = [(t["target"], t["weight"]) for t in data.validated_data["targets"]]
+        with transaction.atomic():
+            route = services.model_route_set(name=name, targets=targets)
+        return Response(_route_out(route))
+
+
+class RouteClearApi(APIView):
+    """Stop routing a name."""
+
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request: Request, name: str) -> Response:
+        with transaction.atomic():
+            if not services.model_route_clear(name=name):
+                raise NotFound(f"No route named {name!r}.")
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -21,11 +21,14 @@ from adapters.publishing import adapters_for_catalog
 from billing.pricing import prices_for_catalog
 from contract import Catalog, CatalogModel, CatalogPool, CatalogReplica, catalog_decoder, encode
 from controlplane.redis import redis_sync
-from inference.models import Model, Pool, Replica
+from inference.models import Model, ModelRoute, Pool, Replica
 
 log = logging.getLogger(__name__)
 
 CATALOG_KEY = "ip:catalog"
+# Bumped with every publish, in the same transaction: web processes poll this small key and
+# fetch the snapshot only when it moved (inference.api.catalog).
+CATALOG_VERSION_KEY = "ip:catalog:version"
 
 
 def pool_prefix(pool: str) -> str:
@@ -78,6 +81,10 @@ def catalog_build() -> Catalog:
         models=models,
         pools=pools,
         adapters=adapters_for_catalog(set(models)),
+        routes={
+            route.name: [(str(target), int(weight)) for target, weight in route.targets]
+            for route in ModelRoute.objects.all()
+        },
     )
 
 
@@ -86,6 +93,7 @@ def catalog_publish() -> Catalog:
     client = redis_sync()
     pipe = client.pipeline(transaction=True)
     pipe.set(CATALOG_KEY, encode(catalog))
+    pipe.incr(CATALOG_VERSION_KEY)
     for name, pool in catalog.pools.items():
         prefix = pool_prefix(name)
         ready: dict[Any, int] = {

@@ -100,6 +100,25 @@ class Model(models.Model):
         return self.name
 
 
+class ModelRoute(models.Model):
+    """A name tenants send as ``model`` that splits its requests between targets by integer
+    weight: a canary (90 to the stable model, 10 to the new one), rolled back or promoted by
+    moving the weights. ``name`` is a model's public name (its own model may be one of the
+    targets) or a tenant's adapter address ``<slug>/<name>`` (the targets then are versions
+    of that adapter). Each request keeps the target it was given for its whole life."""
+
+    name = models.CharField(max_length=200, unique=True)
+    # [[target, weight], ...]: a model's name, or "<slug>/<name>:<version>"; weights >= 0.
+    targets = models.JSONField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Pool(models.Model):
     class Kind(models.TextChoices):
         DEDICATED = "dedicated", "Dedicated (online)"

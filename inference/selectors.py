@@ -9,9 +9,13 @@ from redis.exceptions import RedisError
 
 from controlplane.redis import redis_sync
 from inference.catalog import pool_prefix
-from inference.models import Pool, Replica
+from inference.models import ModelRoute, Pool, Replica
 
 log = logging.getLogger(__name__)
+
+
+def model_route_list() -> QuerySet[ModelRoute]:
+    return ModelRoute.objects.order_by("name")
 
 
 def pool_get(*, name: str) -> Pool:

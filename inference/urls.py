@@ -5,6 +5,10 @@ from inference import apis
 app_name = "inference"
 
 urlpatterns = [
+    path("routes/", apis.RouteListApi.as_view(), name="route-list"),
+    # A route's name may be an adapter address (<slug>/<name>): a path, not a slug.
+    path("routes/<path:name>/set/", apis.RouteSetApi.as_view(), name="route-set"),
+    path("routes/<path:name>/clear/", apis.RouteClearApi.as_view(), name="route-clear"),
     path("pools/", apis.PoolListApi.as_view(), name="pool-list"),
     path("pools/<slug:pool>/", apis.PoolDetailApi.as_view(), name="pool-detail"),
     path(

@@ -1,7 +1,9 @@
-"""This process's copy of the serving catalog, refreshed from Redis every second in the
-background (never per request), decoded into ``contract.Catalog``. When Redis has lost it,
-or holds one this process cannot read (a publisher of another version), it is rebuilt from
-Postgres."""
+"""This process's copy of the serving catalog, kept fresh from Redis in the background
+(never per request), decoded into ``contract.Catalog``: the catalog's version counter is
+polled four times a second and the snapshot fetched only when it moved, so a change (a
+canary's weights, a replica drained) reaches every process within a quarter of a second.
+When Redis has lost it, or holds one this process cannot read (a publisher of another
+version), it is rebuilt from Postgres."""
 
 from __future__ import annotations
 
@@ -15,16 +17,21 @@ from redis.exceptions import RedisError
 from contract import Catalog, catalog_decoder
 from inference.api.db import run_db
 from inference.api.redis import redis_async
-from inference.catalog import CATALOG_KEY, catalog_publish
+from inference.catalog import CATALOG_KEY, CATALOG_VERSION_KEY, catalog_publish
 
 log = logging.getLogger(__name__)
 
-REFRESH_SECONDS = 1.0
+POLL_SECONDS = 0.25  # how often the version is read
+# The snapshot is fetched at least this often anyway; and every second while Redis holds
+# no version (a snapshot written by something other than catalog_publish).
+FULL_SECONDS = 30.0
+UNVERSIONED_SECONDS = 1.0
 
 
 class CatalogView:
     def __init__(self) -> None:
         self.data: Catalog | None = None
+        self.version: object = None  # the version counter the data came with
         self.fetched = 0.0
         self.task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -40,7 +47,9 @@ class CatalogView:
 
     async def refresh(self, *, republish: bool = False) -> None:
         async with self._lock:
-            raw = None if republish else await redis_async().get(CATALOG_KEY)
+            raw = version = None
+            if not republish:
+                version, raw = await redis_async().mget(CATALOG_VERSION_KEY, CATALOG_KEY)
             data = None
             if raw is not None:
                 try:
@@ -51,14 +60,23 @@ class CatalogView:
                 if raw is None:
                     log.info("serving catalog missing in Redis: publishing it from the database")
                 data = await run_db(catalog_publish)
-            self.data = data
+                version = await redis_async().get(CATALOG_VERSION_KEY)
+            self.data, self.version = data, version
             self.fetched = time.monotonic()
+
+    async def _stale(self) -> bool:
+        version = await redis_async().get(CATALOG_VERSION_KEY)
+        age = time.monotonic() - self.fetched
+        if version is None:
+            return age >= UNVERSIONED_SECONDS
+        return version != self.version or age >= FULL_SECONDS
 
     async def _refresh_forever(self) -> None:
         while True:
-            await asyncio.sleep(REFRESH_SECONDS)
+            await asyncio.sleep(POLL_SECONDS)
             try:
-                await self.refresh()
+                if await self._stale():
+                    await self.refresh()
             except (RedisError, OSError):
                 log.warning("could not refresh the serving catalog", exc_info=True)
             except Exception:  # the database may be away; keep serving from the last copy

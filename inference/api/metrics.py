@@ -55,8 +55,10 @@ NONE = "none"  # no tenant (the key was not accepted)
 REQUESTS = Counter(
     "inferplane_requests",
     "Completion requests the gateway ran and metered, by the ledger's status "
-    "(ok, error, cut_off, content_filter): each is one row of the usage ledger.",
-    ["pool", "model", "endpoint", "status", "tenant"],
+    "(ok, error, cut_off, content_filter): each is one row of the usage ledger. route and "
+    "target: the routed name asked for and the target that served it (a canary; the "
+    "target is a model's name or an adapter's version, v<N>), empty when not routed.",
+    ["pool", "model", "endpoint", "status", "tenant", "route", "target"],
 )
 ERRORS = Counter(
     "inferplane_request_errors",
@@ -165,7 +167,13 @@ def request_settled(call: Call, status: str, duration: float, cost_micros: int) 
     endpoint = call.parsed.endpoint
     tenant = tenant_label(call.key.tenant_slug)
     counts = call.counts
-    REQUESTS.labels(pool, model, endpoint, status, tenant).inc()
+    route, target = "", ""
+    if call.routed_name:
+        # An adapter's route is named by its tenant's address: not a label (tenants could
+        # mint them); its targets are versions of one adapter.
+        route = "adapter" if call.adapter is not None else call.routed_name
+        target = f"v{call.adapter.label.rpartition(':')[2]}" if call.adapter else model
+    REQUESTS.labels(pool, model, endpoint, status, tenant, route, target).inc()
     TOKENS.labels(pool, model, "prompt", tenant).inc(counts.prompt)
     TOKENS.labels(pool, model, "completion", tenant).inc(counts.completion)
     if counts.cached:
@@ -202,7 +210,7 @@ def token_gap(call: Call, seconds: float) -> None:
 def moderation_request(*, tenant_slug: str, model: str, status: str) -> None:
     """One ``/v1/moderations`` request: metered (a ledger row) like a completion."""
     tenant = tenant_label(tenant_slug)
-    REQUESTS.labels("", model, "moderations", status, tenant).inc()
+    REQUESTS.labels("", model, "moderations", status, tenant, "", "").inc()
     if status != "ok":
         ERRORS.labels("moderations", "upstream", tenant).inc()
 

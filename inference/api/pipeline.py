@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -191,6 +192,8 @@ class Call:
     # What a failure is counted as in the metrics when the ledger status does not tell
     # (``errors.ERROR_KINDS``; empty: by status, see ``metrics.request_settled``).
     error_kind: str = ""
+    # The routed name asked for, when a route (a canary) picked this call's target.
+    routed_name: str = ""
 
     def _move(self, to: State) -> None:
         if to not in _NEXT[self.state]:
@@ -263,9 +266,11 @@ def _resolve(
     catalog: Catalog, name: str, key: KeyInfo, pool: str | None = None
 ) -> tuple[str, Servable, Adapter | None]:
     """(pool, what the tenant calls, adapter) for the ``model`` a request names
-    (``Catalog.callable`` decides what a tenant may call). ``pool`` names the pool to run on
+    (``Catalog.callable`` decides what a tenant may call): for a routed name (a canary), the
+    target this request drew, which it keeps to its end. ``pool`` names the pool to run on
     instead of the model's online one (a batch line on a spot pool)."""
-    found = catalog.callable(name, key.tenant_id)
+    target = catalog.route(name, random.random())  # noqa: S311 (a traffic split, not a secret)
+    found = catalog.callable(target, key.tenant_id, routed=False)
     if found is None:
         raise model_not_found(name)
     if found.model.task != "generate":
@@ -395,6 +400,7 @@ async def prepare(
         rates=rates,
         base_model=found.base,
         adapter=adapter,
+        routed_name=parsed.model if parsed.model in catalog.routes else "",
         mode=mode,
         ledger=ledger,
         whole=whole,
@@ -899,6 +905,7 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         api_key_id=call.key.key_id,
         model=call.base_model or parsed.model,
         adapter=call.adapter.label if call.adapter else "",
+        route=call.routed_name,
         endpoint=parsed.endpoint,
         mode=call.mode,
         status=status,
