@@ -102,6 +102,34 @@ class Bench:
         _wait_http(f"{self.engine_url}/health", 300, self.processes[name], name)
         return self.engine_url
 
+    def web_cpu_seconds(self) -> float:
+        """CPU time (user + system) the web server has used so far: its process and every
+        process under it (uvicorn's workers), from /proc."""
+        web = self.processes.get("web")
+        if web is None:
+            return 0.0
+        tick = os.sysconf("SC_CLK_TCK")
+        children: dict[int, list[int]] = {}
+        stats: dict[int, list[str]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            pid = int(entry)
+            stats[pid] = fields
+            children.setdefault(int(fields[1]), []).append(pid)
+        total, todo = 0.0, [web.pid]
+        while todo:
+            pid = todo.pop()
+            if pid in stats:
+                total += (int(stats[pid][11]) + int(stats[pid][12])) / tick
+            todo.extend(children.get(pid, []))
+        return total
+
     def start_guard_engine(self, *, core: int | None = None) -> str:
         """The tiny guard classifier, as the Procfile's ``engine-guard`` starts it."""
         port = free_port()

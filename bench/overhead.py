@@ -40,7 +40,9 @@ async def one_stream(
     return ttft, time.perf_counter() - started, tokens
 
 
-async def run(args: argparse.Namespace, engine: str, gateway: str, key: str) -> dict[str, Any]:
+async def run(
+    args: argparse.Namespace, engine: str, gateway: str, key: str, bench: Bench
+) -> dict[str, Any]:
     targets = {
         "direct": (f"{engine}/v1/chat/completions", {}),
         "gateway": (f"{gateway}/v1/chat/completions", {"authorization": f"Bearer {key}"}),
@@ -54,11 +56,16 @@ async def run(args: argparse.Namespace, engine: str, gateway: str, key: str) -> 
             for url, headers in targets.values():
                 await one_stream(session, url, headers, body)
         ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
+        cpu = 0.0  # the web server's CPU seconds spent on the gateway's streams
         for i in range(args.pairs):
             order = list(targets) if i % 2 == 0 else list(reversed(targets))
             for name in order:
                 url, headers = targets[name]
+                before = bench.web_cpu_seconds() if name == "gateway" else 0.0
                 ttft[name].append((await one_stream(session, url, headers, body))[0] * 1000)
+                if name == "gateway":
+                    cpu += bench.web_cpu_seconds() - before
+        results["web_cpu_ms_per_request_one_stream"] = cpu * 1000 / args.pairs
         results["ttft_ms"] = {
             name: {"p50": percentile(v, 50), "p99": percentile(v, 99)} for name, v in ttft.items()
         }
@@ -69,15 +76,19 @@ async def run(args: argparse.Namespace, engine: str, gateway: str, key: str) -> 
         body = stream_body(max_tokens=args.tokens)
         for concurrency in (16, 64):
             walls: dict[str, list[float]] = {"direct": [], "gateway": []}
+            cpu = 0.0
             for rep in range(args.reps):
                 order = list(targets) if rep % 2 == 0 else list(reversed(targets))
                 for name in order:
                     url, headers = targets[name]
+                    before = bench.web_cpu_seconds() if name == "gateway" else 0.0
                     started = time.perf_counter()
                     done = await asyncio.gather(
                         *(one_stream(session, url, headers, body) for _ in range(concurrency))
                     )
                     walls[name].append(time.perf_counter() - started)
+                    if name == "gateway":
+                        cpu += bench.web_cpu_seconds() - before
                     assert all(tokens == args.tokens for _, _, tokens in done), "short stream"
             direct, through = (
                 statistics.median(walls["direct"]),
@@ -92,6 +103,7 @@ async def run(args: argparse.Namespace, engine: str, gateway: str, key: str) -> 
                 "direct_runs_s": walls["direct"],
                 "gateway_runs_s": walls["gateway"],
                 "tokens_per_s_direct": concurrency * args.tokens / direct,
+                "web_cpu_ms_per_request": cpu * 1000 / (args.reps * concurrency),
             }
     return results
 
@@ -115,7 +127,7 @@ def main() -> None:
         seed([engine], max_inflight=64)
         key = tenant_key("bench-overhead")
         gateway = bench.start_gateway(workers=args.workers)
-        results = asyncio.run(run(args, engine, gateway, key))
+        results = asyncio.run(run(args, engine, gateway, key, bench))
     finally:
         bench.stop()
     results["config"] = vars(args)
@@ -128,7 +140,8 @@ def main() -> None:
         f"TTFT one stream (ms)   direct p50 {t['direct']['p50']:.1f} p99 {t['direct']['p99']:.1f}"
         f" | gateway p50 {t['gateway']['p50']:.1f} p99 {t['gateway']['p99']:.1f}"
         f" | added p50 {results['ttft_added_ms']['p50']:+.1f} p99 "
-        f"{results['ttft_added_ms']['p99']:+.1f}"
+        f"{results['ttft_added_ms']['p99']:+.1f} | web CPU "
+        f"{results['web_cpu_ms_per_request_one_stream']:.1f} ms/request"
     )
     for c in (16, 64):
         w = results[f"wall_{c}"]
@@ -136,7 +149,8 @@ def main() -> None:
             f"{c:>2} concurrent x {args.tokens} tokens: direct {w['direct_s']:.2f}s, gateway "
             f"{w['gateway_s']:.2f}s, ratio {w['ratio']:.3f} (per repetition "
             f"{w['ratio_per_rep_min_max'][0]:.2f}-{w['ratio_per_rep_min_max'][1]:.2f}; "
-            f"direct {w['tokens_per_s_direct']:.0f} tok/s)"
+            f"direct {w['tokens_per_s_direct']:.0f} tok/s; web CPU "
+            f"{w['web_cpu_ms_per_request']:.1f} ms/request)"
         )
     print(f"results: {out.relative_to(ROOT)}")
 

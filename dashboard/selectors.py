@@ -3,6 +3,7 @@ page costs the same whether the tenant made a thousand requests this month or te
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -11,6 +12,7 @@ from django.db.models import Q, QuerySet, Sum
 
 from billing.models import DailyUsage, UsageRecord
 from billing.selectors import rollup_sums
+from inference.api import metrics
 from inference.api.admission import queue_state
 from inference.api.limits import rejection_counts_key, rejections_key
 from inference.api.lora import adapters_held
@@ -102,6 +104,60 @@ def usage_models(*, tenant: Tenant, since: date) -> list[str]:
     )
 
 
+SPARK_WINDOWS = 30  # the last five minutes, in the windows of inference.api.metrics
+SPARK_WIDTH, SPARK_HEIGHT = 150, 28
+
+
+def _spark(values: list[float | None]) -> dict[str, Any]:
+    """An SVG sparkline of per-window values (None: nothing served then, a gap): its
+    polylines' points, the latest value and the highest."""
+    known = [v for v in values if v is not None]
+    top = max(known, default=0.0) or 1.0
+    step = SPARK_WIDTH / max(1, len(values) - 1)
+    lines: list[str] = []
+    current: list[str] = []
+    for i, value in enumerate(values):
+        if value is None:
+            if current:
+                lines.append(" ".join(current))
+            current = []
+            continue
+        y = SPARK_HEIGHT - 2 - (SPARK_HEIGHT - 4) * value / top
+        current.append(f"{i * step:.1f},{y:.1f}")
+    if current:
+        lines.append(" ".join(current))
+    return {
+        "lines": lines,
+        "latest": next((v for v in reversed(values) if v is not None), None),
+        "top": max(known, default=None),
+    }
+
+
+def ops_sparklines(pools: list[str], *, now: float | None = None) -> dict[str, dict[str, Any]]:
+    """Per pool, TTFT and queue wait p95 over the last five minutes, one point per 10 s
+    (from the windows the gateway counts in Redis: every web process together)."""
+    from controlplane.redis import redis_sync
+
+    window = int((now or time.time()) // metrics.SPARK_WINDOW_SECONDS)
+    windows = range(window - SPARK_WINDOWS + 1, window + 1)
+    pipe = redis_sync().pipeline(transaction=False)
+    for pool in pools:
+        for w in windows:
+            pipe.hgetall(metrics.spark_key(pool, w))
+    replies = iter(pipe.execute())
+    found: dict[str, dict[str, Any]] = {}
+    for pool in pools:
+        counts = [{k.decode(): int(v) for k, v in next(replies).items()} for _ in windows]
+        ttft = [metrics.spark_p95(c, "t", metrics.TIME_TO_FIRST_TOKEN_BUCKETS) for c in counts]
+        wait = [metrics.spark_p95(c, "w", metrics.QUEUE_WAIT_BUCKETS) for c in counts]
+        found[pool] = {
+            "ttft": _spark(ttft),
+            "wait": _spark(wait),
+            "served": sum(c.get("n", 0) for c in counts),
+        }
+    return found
+
+
 def ops_snapshot() -> dict[str, Any]:
     """The operator's view of serving right now: per pool its replicas (state from the last
     probe; in flight, capacity and adapters from the admission state in Redis) and per
@@ -113,6 +169,7 @@ def ops_snapshot() -> dict[str, Any]:
     # Only the tenants that run or wait somewhere: the page stays light with 1,000 tenants.
     active = {t for state in states.values() for t in (*state.running, *state.waiting)}
     tenants = Tenant.objects.in_bulk(active)
+    sparks = ops_sparklines([pool.name for pool in every])
     for pool in every:
         state = states[pool.name]
         replicas = list(pool.replicas.all())
@@ -137,6 +194,7 @@ def ops_snapshot() -> dict[str, Any]:
                     for t in sorted(set(state.running) | set(state.waiting))
                 ],
                 "queued": state.queued,
+                "spark": sparks[pool.name],
             }
         )
     return {"pools": pools}

@@ -9,6 +9,7 @@ publish heals within one probe interval.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from typing import Any, cast
@@ -26,9 +27,11 @@ from inference.models import Model, ModelRoute, Pool, Replica
 log = logging.getLogger(__name__)
 
 CATALOG_KEY = "ip:catalog"
-# Bumped with every publish, in the same transaction: web processes poll this small key and
-# fetch the snapshot only when it moved (inference.api.catalog).
+# Bumped by a publish that changed something: web processes poll this small key and fetch
+# the snapshot only when it moved (inference.api.catalog). The digest says what was last
+# published, so a health probe round that changed nothing costs the gateways nothing.
 CATALOG_VERSION_KEY = "ip:catalog:version"
+CATALOG_DIGEST_KEY = "ip:catalog:digest"
 
 
 def pool_prefix(pool: str) -> str:
@@ -90,10 +93,12 @@ def catalog_build() -> Catalog:
 
 def catalog_publish() -> Catalog:
     catalog = catalog_build()
+    digest = hashlib.sha256(encode(msgspec.structs.replace(catalog, version=0))).hexdigest()
     client = redis_sync()
     pipe = client.pipeline(transaction=True)
+    pipe.set(CATALOG_DIGEST_KEY, digest, get=True)
+    pipe.exists(CATALOG_VERSION_KEY)
     pipe.set(CATALOG_KEY, encode(catalog))
-    pipe.incr(CATALOG_VERSION_KEY)
     for name, pool in catalog.pools.items():
         prefix = pool_prefix(name)
         ready: dict[Any, int] = {
@@ -108,7 +113,9 @@ def catalog_publish() -> Catalog:
             # An empty hash cannot exist; this marker says "catalog known, no capacity".
             pipe.hset(prefix + "replicas", "none", 0)
         pipe.set(prefix + "policy", pool.policy)
-    pipe.execute()
+    previous, versioned = pipe.execute()[:2]
+    if not versioned or previous is None or previous.decode() != digest:
+        client.incr(CATALOG_VERSION_KEY)
     return catalog
 
 

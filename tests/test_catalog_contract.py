@@ -5,9 +5,11 @@ trip through Redis whole — or being rebuilt when what Redis holds cannot be re
 from __future__ import annotations
 
 import asyncio
+import time
 from decimal import Decimal
 
 import pytest
+from django.db import connection
 
 from contract import (
     AdapterVersion,
@@ -22,7 +24,7 @@ from contract import (
 )
 from controlplane.redis import redis_sync
 from inference.api.catalog import CatalogView
-from inference.catalog import CATALOG_KEY, catalog_build, catalog_publish
+from inference.catalog import CATALOG_KEY, CATALOG_VERSION_KEY, catalog_build, catalog_publish
 from inference.services import model_ensure, pool_ensure
 from tests.factories import TenantFactory
 
@@ -157,3 +159,50 @@ def test_a_gateway_rebuilds_a_catalog_it_cannot_read() -> None:
     raw = redis_sync().get(CATALOG_KEY)
     assert isinstance(raw, bytes)
     assert catalog_decoder.decode(raw).pools.keys() == catalog_build().pools.keys()
+
+
+def _add_model() -> None:
+    try:
+        model_ensure(name="tiny-next", served_name="/m/next", context_length=2048)
+    finally:
+        connection.close()  # this thread's own connection
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gateways_fetch_the_catalog_only_when_it_changed() -> None:
+    """A publish that changes nothing (a health probe round of a steady fleet) leaves the
+    version alone; a change moves it, and a gateway's copy follows within half a second."""
+    model = model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
+    pool_ensure(name="online", model=model, kind="dedicated", replica_urls=[])
+    catalog_publish()
+    version = redis_sync().get(CATALOG_VERSION_KEY)
+    catalog_publish()
+    catalog_publish()
+    assert redis_sync().get(CATALOG_VERSION_KEY) == version
+
+    async def follow() -> tuple[int, float]:
+        view = CatalogView()
+        await view.get()  # starts the background refresh
+        fetches = 0
+        original = view.refresh
+
+        async def counted(**kwargs: bool) -> None:
+            nonlocal fetches
+            fetches += 1
+            await original(**kwargs)
+
+        view.refresh = counted  # type: ignore[method-assign]
+        await asyncio.sleep(1.2)  # idle: polled, never fetched
+        idle = fetches
+        await asyncio.to_thread(_add_model)  # published on commit
+        changed = time.monotonic()
+        for _ in range(200):
+            if view.data is not None and "tiny-next" in view.data.models:
+                break
+            await asyncio.sleep(0.01)
+        return idle, time.monotonic() - changed
+
+    idle, seen_after = asyncio.run(follow())
+    assert idle == 0
+    assert seen_after < 0.5
+    assert int(redis_sync().get(CATALOG_VERSION_KEY) or 0) == int(version or 0) + 1

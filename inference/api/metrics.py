@@ -20,7 +20,8 @@ does not keep them in its multiprocess files.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from bisect import bisect_left
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from prometheus_client import Counter, Histogram
@@ -200,11 +201,38 @@ def request_refused(error: ApiError, *, endpoint: str, tenant_slug: str | None) 
 
 
 def queue_waited(call: Call, seconds: float) -> None:
+    call.queue_wait = seconds
     QUEUE_WAIT.labels(call.route.pool, tenant_label(call.key.tenant_slug)).observe(seconds)
 
 
-def token_gap(call: Call, seconds: float) -> None:
-    ITL.labels(call.route.pool, call.base_model or call.parsed.model).observe(seconds)
+class TokenGaps:
+    """One stream's inter-token gaps, counted by bucket in the stream's own list and added to
+    ``inferplane_inter_token_latency_seconds`` once, when the stream ends: an observation per
+    engine read costs about 3 us in multiprocess mode (a locked write to a shared file, twice),
+    a few percent of the gateway's CPU per token; this costs a list increment."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(INTER_TOKEN_LATENCY_BUCKETS) + 1)  # the last one: +Inf
+        self.total = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.counts[bisect_left(INTER_TOKEN_LATENCY_BUCKETS, seconds)] += 1
+        self.total += seconds
+
+    def flush(self, call: Call) -> None:
+        """Into the call's series, as many ``observe()`` calls would have (prometheus_client
+        keeps a histogram child's buckets non-cumulative, one value each, and its sum)."""
+        if not any(self.counts):
+            return
+        child = ITL.labels(call.route.pool, call.base_model or call.parsed.model)
+        for bucket, n in zip(child._buckets, self.counts, strict=True):
+            if n:
+                bucket.inc(n)
+        child._sum.inc(self.total)
+        self.counts = [0] * len(self.counts)
+        self.total = 0.0
 
 
 def moderation_request(*, tenant_slug: str, model: str, status: str) -> None:
@@ -223,3 +251,49 @@ def moderation_checked(
     MODERATION_CHECKS.labels(stage, verdict).inc()
     if seconds is not None:
         MODERATION_CHECK_SECONDS.labels(stage).observe(seconds)
+
+
+# --- the operator page's sparklines -------------------------------------------------------------
+# The same observations as TTFT and the queue wait above, also counted per pool in Redis in
+# 10-second windows (by the same buckets), so the operator page draws the last minutes for
+# every web process together without a Prometheus.
+SPARK_WINDOW_SECONDS = 10
+SPARK_KEEP_SECONDS = 1200
+
+
+def spark_key(pool: str, window: int) -> str:
+    return f"ip:ops:spark:{pool}:{window}"
+
+
+def _bucket(buckets: tuple[float, ...], value: float) -> int:
+    """The index of the first bucket holding ``value`` (len(buckets): above them all)."""
+    for i, bound in enumerate(buckets):
+        if value <= bound:
+            return i
+    return len(buckets)
+
+
+def spark_into(pipe: Any, call: Call, now: float) -> None:
+    """Count the call's TTFT and queue wait in its pool's current window (on the pipeline
+    that carries the request's other end-of-life work: no extra round trip)."""
+    if call.counts.ttft_ms is None:
+        return
+    key = spark_key(call.route.pool, int(now // SPARK_WINDOW_SECONDS))
+    pipe.hincrby(key, "n", 1)
+    pipe.hincrby(key, f"t{_bucket(TIME_TO_FIRST_TOKEN_BUCKETS, call.counts.ttft_ms / 1000)}", 1)
+    pipe.hincrby(key, f"w{_bucket(QUEUE_WAIT_BUCKETS, call.queue_wait)}", 1)
+    pipe.expire(key, SPARK_KEEP_SECONDS)
+
+
+def spark_p95(counts: dict[str, int], prefix: str, buckets: tuple[float, ...]) -> float | None:
+    """The 95th percentile of one window, as the upper bound of the bucket that holds it
+    (the last bound for values above every bucket); None for an empty window."""
+    total = counts.get("n", 0)
+    if not total:
+        return None
+    seen = 0
+    for i in range(len(buckets) + 1):
+        seen += counts.get(f"{prefix}{i}", 0)
+        if seen >= 0.95 * total:
+            return buckets[min(i, len(buckets) - 1)]
+    return buckets[-1]

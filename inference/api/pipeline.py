@@ -194,6 +194,7 @@ class Call:
     error_kind: str = ""
     # The routed name asked for, when a route (a canary) picked this call's target.
     routed_name: str = ""
+    queue_wait: float = 0.0  # seconds it waited for admission
 
     def _move(self, to: State) -> None:
         if to not in _NEXT[self.state]:
@@ -748,7 +749,7 @@ class Relay:
         model = call.parsed.model
         batch, self.first = self.first, None
         stall = settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS
-        gaps = metrics.ITL.labels(call.route.pool, call.base_model or model)
+        gaps = metrics.TokenGaps()
         clock = time.perf_counter
         last = clock()
         try:
@@ -781,7 +782,7 @@ class Relay:
                     async with asyncio.timeout(stall):
                         batch = await anext(self.batches)
                     now = clock()
-                    gaps.observe(now - last)
+                    gaps.add(now - last)
                     last = now
                 except StopAsyncIteration:  # ended without [DONE]; vLLM always sends it
                     self.read_to_end = True
@@ -796,6 +797,8 @@ class Relay:
         except (*TRANSPORT_ERRORS, MidStreamError) as exc:
             call.fail(f"{call.replica_name}: engine failed mid-stream: {_transport_reason(exc)}")
             raise MidStreamError(call.error) from exc
+        finally:
+            gaps.flush(call)
 
     def _count(self, usage: dict[str, Any] | None, choices: list[dict[str, Any]] | None) -> None:
         """The engine's counts so far. Continuous usage stats are per sequence: a chunk of
@@ -943,6 +946,7 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         call.grant.release_into(pipe, tokens, cost)
         if call.ledger is None:
             metering.spool_into(pipe, record)
+            metrics.spark_into(pipe, call, time.time())
         await pipe.execute()
     except RedisError:
         log.warning("could not release admission/limits of %s", call.rid, exc_info=True)

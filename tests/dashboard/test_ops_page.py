@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from inference.models import ModelRoute
-from inference.services import model_ensure
+from controlplane.redis import redis_sync
+from dashboard.selectors import _spark, ops_sparklines
+from inference.api import metrics
+from inference.models import Model, ModelRoute
+from inference.services import model_ensure, pool_ensure
 from tenants.models import Tenant
 from tests.conftest import TenantPeople
 from tests.dashboard.test_views import browser
@@ -78,3 +81,40 @@ def test_a_thousand_tenants_page_and_search(people: TenantPeople) -> None:
     assert "acme" not in found.split('id="ops-tenant-list"')[1]
     nothing = staff.get("/app/ops/?q=zzz&page=9").content.decode()
     assert "No tenant matches" in nothing
+
+
+def test_a_window_s_p95_is_the_bucket_that_holds_it() -> None:
+    buckets = metrics.TIME_TO_FIRST_TOKEN_BUCKETS
+    # 100 requests: 94 within 10 ms (bucket 2), 6 at 1 s (bucket 11): p95 is 1 s.
+    counts = {"n": 100, "t2": 94, "t11": 6}
+    assert metrics.spark_p95(counts, "t", buckets) == 1.0
+    assert metrics.spark_p95({"n": 100, "t2": 96, "t11": 4}, "t", buckets) == 0.01
+    assert metrics.spark_p95({}, "t", buckets) is None
+    above = {"n": 1, f"t{len(buckets)}": 1}  # slower than every bucket: the last bound
+    assert metrics.spark_p95(above, "t", buckets) == buckets[-1]
+
+
+def test_a_sparkline_leaves_gaps_where_nothing_ran() -> None:
+    line = _spark([0.5, 1.0, None, None, 0.25])
+    assert len(line["lines"]) == 2 and line["latest"] == 0.25 and line["top"] == 1.0
+    assert _spark([None, None])["lines"] == [] and _spark([None])["latest"] is None
+
+
+def test_the_operator_page_draws_each_pool_s_last_minutes(people: TenantPeople) -> None:
+    _models()
+    pool_ensure(
+        name="online",
+        kind="dedicated",
+        model=Model.objects.get(name="tiny-chat"),
+        replica_urls=[],
+    )
+    now = 1_000_000.0
+    window = int(now // metrics.SPARK_WINDOW_SECONDS)
+    redis_sync().hset(metrics.spark_key("online", window - 1), mapping={"n": 4, "t9": 4, "w0": 4})
+    redis_sync().hset(metrics.spark_key("online", window), mapping={"n": 2, "t11": 2, "w10": 2})
+    spark = ops_sparklines(["online"], now=now)["online"]
+    assert spark["served"] == 6
+    assert spark["ttft"]["latest"] == 1.0 and spark["ttft"]["top"] == 1.0
+    assert spark["wait"]["latest"] == metrics.QUEUE_WAIT_BUCKETS[10]
+    page = browser(people.staff).get("/app/ops/").content.decode()
+    assert 'data-spark="ttft"' in page and 'data-spark="wait"' in page

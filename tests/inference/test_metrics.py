@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batches.models import Batch, Line
 from billing.models import Price, UsageRecord
+from dashboard.selectors import ops_sparklines
 from inference.catalog import catalog_publish
 from inference.models import Model
 from tenants.models import ApiKey, Tenant
@@ -194,6 +195,9 @@ def test_the_metrics_and_the_logs_agree_with_the_ledger(
     assert _sum(after, "inferplane_admission_queue_depth", pool="online") == 0
     assert _sum(after, "inferplane_admission_capacity", pool="online") > 0
     assert _sum(after, "inferplane_pool_replicas", pool="online", state="ready") == 1
+    # The operator page's sparklines count the same requests (every web process together).
+    spark = ops_sparklines(["online"])["online"]
+    assert spark["served"] == streamed and spark["ttft"]["latest"] is not None
 
     # Every line the web server logged is JSON; each completion has one line, with the
     # ledger's request id, and nothing of the prompt.
