@@ -26,7 +26,7 @@ from tenants.models import ApiKey, Tenant
 from tenants.services import api_key_create, tenant_create
 from tests.engines import LOG_DIR, ROOT, Engine
 from tests.live import Stack, stack_start, wait_for
-from tests.serving import world_rows
+from tests.serving import World, world_rows
 from tests.test_monitoring import as_promql, dashboard_queries, metric_names
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
@@ -315,3 +315,24 @@ def test_the_dashboards_name_only_metrics_a_real_scrape_holds(
         for query in queries:
             missing = metric_names(as_promql(query)) - scraped
             assert not missing, f"{board}: {query} names {sorted(missing)}, which no scrape has"
+
+
+def test_one_worker_carries_the_request_id_as_an_exemplar(world: World) -> None:
+    """With one web process (no multiprocess files), an OpenMetrics scrape carries each
+    TTFT and latency observation's request id, the one the response and the ledger carry."""
+    _, key = world.tenant()
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    rid = _chat(world.stack, key, body)
+    scraped = httpx.get(
+        f"{world.stack.url}/metrics",
+        headers={"accept": "application/openmetrics-text; version=1.0.0"},
+        timeout=10,
+    )
+    assert scraped.headers["content-type"].startswith("application/openmetrics-text")
+    exemplars = [
+        line
+        for line in scraped.text.splitlines()
+        if line.startswith("inferplane_time_to_first_token_seconds_bucket") and " # {" in line
+    ]
+    assert any(f'request_id="{rid}"' in line for line in exemplars), exemplars
+    assert wait_for(lambda: UsageRecord.objects.filter(request_id=rid).exists())
