@@ -11,6 +11,10 @@ from __future__ import annotations
 import logging
 import uuid
 from contextvars import ContextVar
+from typing import Any
+
+import pythonjsonlogger.json
+from pythonjsonlogger.core import RESERVED_ATTRS
 
 request_id_var: ContextVar[str] = ContextVar("inferplane_request_id", default="")
 
@@ -29,3 +33,12 @@ class RequestIdFilter(logging.Filter):
         if not getattr(record, "request_id", ""):
             record.request_id = request_id_var.get()
         return True
+
+
+class JsonFormatter(pythonjsonlogger.json.JsonFormatter):
+    """python-json-logger's formatter, less uvicorn's ``color_message`` (a copy of the
+    message with terminal colour codes, which a log pipeline has no use for)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("reserved_attrs", [*RESERVED_ATTRS, "color_message"])
+        super().__init__(*args, **kwargs)

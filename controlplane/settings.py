@@ -501,7 +501,7 @@ LOGGING = {
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {
-            "()": "pythonjsonlogger.json.JsonFormatter",
+            "()": "controlplane.logs.JsonFormatter",
             "fmt": "%(levelname)s %(name)s %(message)s %(request_id)s",
             "rename_fields": {"levelname": "level", "name": "logger"},
             "timestamp": "time",  # ISO 8601, UTC
@@ -522,9 +522,9 @@ LOGGING = {
         "celery.app.trace": {"level": "WARNING"},
         "celery.worker.strategy": {"level": "WARNING"},
         "celery.beat": {"level": "WARNING"},
-        # uvicorn's lines in the same format (its access log is off: the gateway writes one
-        # line per completion request itself, logger inferplane.requests).
-        "uvicorn": {"handlers": ["console"], "propagate": False},
+        # uvicorn's lines in the same format. Only uvicorn.error: configuring its parent
+        # "uvicorn" would make dictConfig reset uvicorn.access, which --no-access-log turned
+        # off (the gateway writes one line per completion request itself, below).
         "uvicorn.error": {"handlers": ["console"], "propagate": False},
         # The completion log: one line per metered request (LOG_LEVEL_REQUESTS=WARNING: none).
         "inferplane.requests": {"level": env_str("LOG_LEVEL_REQUESTS", "INFO")},
