@@ -228,12 +228,18 @@ def test_a_silent_engine_holds_nothing(
     try:
         # 1. Frozen before the first byte: the two requests go one to each replica; the one
         # sent to the frozen spare moves to the other replica after the first-byte timeout.
+        # Long enough answers that the two overlap on a fast engine: one that ended before
+        # the other was admitted would leave its replica free for the second, and prefix
+        # affinity would send both there.
         _freeze(spare_engine, True)
         with ThreadPoolExecutor(2) as pool:
             replies = list(
                 pool.map(
                     lambda _: client.chat.completions.create(
-                        model="tiny-chat", messages=CHAT, max_tokens=3
+                        model="tiny-chat",
+                        messages=CHAT,
+                        max_tokens=200,
+                        extra_body={"ignore_eos": True},
                     ),
                     range(2),
                 )
