@@ -24,7 +24,7 @@ from tenants.services import api_key_create, tenant_create
 from tests.batches.test_batches import _content, _create, _finished, _line, _until, _upload
 from tests.conftest import run_manage
 from tests.engines import Engine, engine_start
-from tests.live import worker_start
+from tests.live import wait_for, worker_start
 from tests.serving import world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
@@ -179,18 +179,24 @@ def test_a_spot_engine_that_hangs_mid_batch_hands_its_lines_on(
         )
         tenant, key = _tenant()
         client = openai.OpenAI(api_key=key, base_url=stack.url + "/v1", max_retries=0)
-        n = 32
-        lines = [_line(f"h{i}", max_tokens=128, ignore_eos=True) for i in range(n)]
+        n = 24
+        lines = [_line(f"h{i}", max_tokens=256, ignore_eos=True) for i in range(n)]
         created = _create(client, _upload(client, lines))
         hung = Replica.objects.get(pool__name="spot", url=frozen.url)
-        # Lines have run on both replicas: the hung one holds two when it stops.
-        _until(
-            client,
-            created.id,
-            lambda b: UsageRecord.objects.filter(tenant=tenant, replica=hung.name).exists(),
+        # Lines have run on both replicas: the hung one holds two when it stops. Watched in
+        # the database itself, finely: through the API's half-second polls a fast engine had
+        # finished the whole batch before the first line on the hung replica was seen.
+        wait_for(
+            lambda: UsageRecord.objects.filter(tenant=tenant, replica=hung.name).exists(),
+            timeout=120,
+            every=0.02,
         )
         os.killpg(frozen.process.pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
+        left = Line.objects.filter(
+            batch_id=created.id, state__in=[Line.State.PENDING, Line.State.RUNNING]
+        ).count()
+        assert left >= 4, f"only {left} lines were left when the replica stopped"
         batch = _until(client, created.id, _finished, timeout=240)
         waited = time.monotonic() - stopped_at
     finally:

@@ -61,8 +61,11 @@ def _chat(world: World, key: str, content: str) -> httpx.Response:
     return httpx.post(
         f"{world.stack.url}/v1/chat/completions",
         headers={"authorization": f"Bearer {key}"},
+        # Greedy, and long enough to hold text: a sampled answer of 4 tokens was now and then
+        # only split UTF-8 bytes (the greedy one always is), which leaves the output check no
+        # text, and the fail-open test no output event.
         json={"model": "tiny-chat", "messages": [{"role": "user", "content": content}],
-              "max_tokens": 4},
+              "max_tokens": 16, "temperature": 0},
         timeout=60,
     )  # fmt: skip
 
