@@ -151,6 +151,7 @@ bench: setup
 	$(PY) -m bench.batch
 	$(PY) -m bench.moderation
 	$(PY) -m bench.batch --pin
+	$(PY) -m bench.scale
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -108,7 +108,9 @@ def _plan(batch_id: str) -> Plan | None:
     batch = Batch.objects.select_related("api_key").filter(pk=batch_id).first()
     if batch is None or batch.status not in (Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING):
         return None
-    found = catalog_read().callable(batch.model, batch.tenant_id, kind="batch")
+    found = catalog_read(tenant_id=batch.tenant_id).callable(
+        batch.model, batch.tenant_id, kind="batch"
+    )
     return Plan(
         batch_id=batch.pk,
         key=key_info_from_db(batch.api_key.prefix),

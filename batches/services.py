@@ -381,7 +381,9 @@ def batch_validate(*, batch_id: str) -> Batch:
         )
     model = next(iter(models), "")
     if model and not errors.count:
-        callable_now = catalog_read().callable(model, batch.tenant_id, kind="batch")
+        callable_now = catalog_read(tenant_id=batch.tenant_id).callable(
+            model, batch.tenant_id, kind="batch"
+        )
         if callable_now is None:
             errors.add(
                 "model_not_found",

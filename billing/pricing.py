@@ -19,6 +19,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from billing.models import Price, UsageRecord
 from contract import PriceRow, Prices
+from contract import UsageRecord as ContractRecord
 
 MICROS_PER_USD = 1_000_000
 _ONE = Decimal(1)
@@ -96,7 +97,7 @@ class PriceBook:
     def price_for(self, *, model: str, tenant_id: int, at: datetime) -> Price | None:
         return self._in_force((model, tenant_id), at) or self._in_force((model, None), at)
 
-    def cost_micros(self, record: UsageRecord) -> int | None:
+    def cost_micros(self, record: UsageRecord | ContractRecord) -> int | None:
         """The record's cost, or None when no price was in force for it."""
         price = self.price_for(model=record.model, tenant_id=record.tenant_id, at=record.started_at)
         if price is None:

@@ -216,7 +216,7 @@ def playground_models(*, tenant: Tenant) -> list[str]:
     """What the tenant can call online, as ``/v1/models`` lists it (``Catalog.callable_by``
     decides), less the versioned names of its adapters: the base models, then its adapters
     by ``<slug>/<name>`` (their newest version)."""
-    callable_now = catalog_read().callable_by(tenant.pk)
+    callable_now = catalog_read(tenant_id=tenant.pk).callable_by(tenant.pk)
     return [
         name for name, found in callable_now.items() if found.adapter is None or ":" not in name
     ]

@@ -1,10 +1,11 @@
 """The serving catalog: models, pools and replicas as the gateway needs them, in Redis.
 
 Postgres is the truth; the gateway never reads it per request. ``catalog_publish`` writes
-a JSON snapshot (``ip:catalog``) that every web process polls, and per pool the set of
-*ready* replicas with their capacity, which the admission script routes over. It runs after
-every change made through the services and after every round of health probes, so a missed
-publish heals within one probe interval.
+a JSON snapshot (``ip:catalog``) that every web process reads when told it changed
+(``ip:catalog:changed``), and per pool the set of *ready* replicas with their capacity,
+which the admission script routes over. It runs after every change made through the
+services and after every round of health probes, so a missed publish heals within one probe
+interval (a lost announcement, within the gateways' minute between looks).
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from redis.exceptions import RedisError
 
 from adapters.publishing import adapters_for_catalog
 from billing.pricing import prices_for_catalog
-from contract import Catalog, CatalogModel, CatalogPool, CatalogReplica, catalog_decoder, encode
+from contract import (
+    Catalog,
+    CatalogAdapter,
+    CatalogModel,
+    CatalogPool,
+    CatalogReplica,
+    catalog_decoder,
+    encode,
+)
 from controlplane.redis import redis_sync
 from inference.models import Model, ModelRoute, Pool, Replica
 
@@ -32,6 +41,19 @@ CATALOG_KEY = "ip:catalog"
 # published, so a health probe round that changed nothing costs the gateways nothing.
 CATALOG_VERSION_KEY = "ip:catalog:version"
 CATALOG_DIGEST_KEY = "ip:catalog:digest"
+# Where a publish that changed something is announced (the new version): web processes
+# subscribe (inference.api.watch) instead of polling the version.
+CATALOG_CHANNEL = "ip:catalog:changed"
+# The adapters are not in the snapshot but in parts, one per tenant (a hash: tenant id ->
+# its adapters), which a web process fetches when that tenant first calls and again only
+# when that part changed: 50,000 adapter versions would make a snapshot of 11 MB that every
+# process re-read on every upload (bench/scale.py). Each publish that changes parts bumps
+# the serial and announces ``a:<serial>:<tenant>,<tenant>…`` (``a:<serial>:*``: all).
+ADAPTERS_KEY = "ip:catalog:adapters"
+ADAPTERS_DIGEST_KEY = "ip:catalog:adapters:digest"
+ADAPTERS_SERIAL_KEY = "ip:catalog:adapters:serial"
+ANNOUNCE_TENANTS = 200  # more changed parts than this are announced as "all"
+adapters_part_decoder = msgspec.json.Decoder(dict[str, CatalogAdapter])
 
 
 def pool_prefix(pool: str) -> str:
@@ -91,14 +113,61 @@ def catalog_build() -> Catalog:
     )
 
 
+def _adapter_parts(catalog: Catalog) -> dict[str, bytes]:
+    parts: dict[int, dict[str, CatalogAdapter]] = {}
+    for address, entry in catalog.adapters.items():
+        parts.setdefault(entry.tenant, {})[address] = entry
+    return {str(tenant): encode(part) for tenant, part in parts.items()}
+
+
+def _publish_adapters(client: Any, catalog: Catalog) -> None:
+    """Write the tenants' parts that changed (by digest), drop those of tenants that have
+    none left, and announce which."""
+    parts = _adapter_parts(catalog)
+    digests = {t: hashlib.sha256(raw).hexdigest() for t, raw in parts.items()}
+    known = {
+        k.decode(): v.decode()
+        for k, v in cast(dict[bytes, bytes], client.hgetall(ADAPTERS_DIGEST_KEY)).items()
+    }
+    changed = [t for t, d in digests.items() if known.get(t) != d]
+    gone = [t for t in known if t not in digests]
+    if not changed and not gone:
+        return
+    pipe = client.pipeline(transaction=True)
+    if changed:
+        pipe.hset(ADAPTERS_KEY, mapping={t: parts[t] for t in changed})
+        pipe.hset(ADAPTERS_DIGEST_KEY, mapping={t: digests[t] for t in changed})
+    if gone:
+        pipe.hdel(ADAPTERS_KEY, *gone)
+        pipe.hdel(ADAPTERS_DIGEST_KEY, *gone)
+    pipe.incr(ADAPTERS_SERIAL_KEY)
+    serial = pipe.execute()[-1]
+    tenants = [*changed, *gone]
+    which = ",".join(tenants) if len(tenants) <= ANNOUNCE_TENANTS else "*"
+    try:
+        client.publish(CATALOG_CHANNEL, f"a:{serial}:{which}")
+    except RedisError:
+        log.warning("could not announce the adapters that changed", exc_info=True)
+
+
+def adapters_part_read(client: Any, tenant_id: int) -> dict[str, CatalogAdapter]:
+    """One tenant's adapters as published (empty when it has none)."""
+    raw = client.hget(ADAPTERS_KEY, str(tenant_id))
+    return {} if raw is None else adapters_part_decoder.decode(raw)
+
+
 def catalog_publish() -> Catalog:
+    """Publish the catalog (the snapshot without the adapters, and the adapters' parts that
+    changed); returns it whole, as built."""
     catalog = catalog_build()
-    digest = hashlib.sha256(encode(msgspec.structs.replace(catalog, version=0))).hexdigest()
+    snapshot = msgspec.structs.replace(catalog, adapters={})
+    digest = hashlib.sha256(encode(msgspec.structs.replace(snapshot, version=0))).hexdigest()
     client = redis_sync()
+    _publish_adapters(client, catalog)
     pipe = client.pipeline(transaction=True)
     pipe.set(CATALOG_DIGEST_KEY, digest, get=True)
     pipe.exists(CATALOG_VERSION_KEY)
-    pipe.set(CATALOG_KEY, encode(catalog))
+    pipe.set(CATALOG_KEY, encode(snapshot))
     for name, pool in catalog.pools.items():
         prefix = pool_prefix(name)
         ready: dict[Any, int] = {
@@ -115,21 +184,29 @@ def catalog_publish() -> Catalog:
         pipe.set(prefix + "policy", pool.policy)
     previous, versioned = pipe.execute()[:2]
     if not versioned or previous is None or previous.decode() != digest:
-        client.incr(CATALOG_VERSION_KEY)
+        version = client.incr(CATALOG_VERSION_KEY)
+        # A lost announcement only waits for the gateways' next look at the version.
+        try:
+            client.publish(CATALOG_CHANNEL, version)
+        except RedisError:
+            log.warning("could not announce the catalog's new version", exc_info=True)
     return catalog
 
 
-def catalog_read() -> Catalog:
-    """The catalog as the gateways serve it now, for synchronous readers (the dashboard):
-    the published snapshot, or a fresh build when Redis has none or cannot be read."""
+def catalog_read(*, tenant_id: int) -> Catalog:
+    """The catalog as the gateways serve it to a tenant now (its own adapters in it), for
+    synchronous readers (the dashboard, batches): the published snapshot, or a fresh build
+    when Redis has none or cannot be read."""
+    client = redis_sync()
     try:
-        raw = redis_sync().get(CATALOG_KEY)
+        raw = client.get(CATALOG_KEY)
+        if raw is not None:
+            snapshot = catalog_decoder.decode(cast(bytes, raw))
+            adapters = adapters_part_read(client, tenant_id)
+            return msgspec.structs.replace(snapshot, adapters=adapters)
     except RedisError:
         log.warning("serving catalog unreadable in Redis: building it", exc_info=True)
         return catalog_build()
-    if raw is not None:
-        try:
-            return catalog_decoder.decode(cast(bytes, raw))
-        except msgspec.DecodeError:
-            log.warning("serving catalog in Redis unreadable: republishing it", exc_info=True)
+    except msgspec.DecodeError:
+        log.warning("serving catalog in Redis unreadable: republishing it", exc_info=True)
     return catalog_publish()

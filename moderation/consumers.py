@@ -115,7 +115,7 @@ class ModerationsConsumer(GatewayHttpConsumer):
             cascade = _DEFAULT.setdefault("", Cascade(0, _default_spec()))
         name = model or "omni-moderation-latest"
         if model is not None and model not in OPENAI_MODELS:
-            catalog = await catalog_view().get()
+            catalog = await catalog_view().for_tenant(key.tenant_id)
             servable = catalog.callable(model, key.tenant_id)
             if servable is None:
                 raise model_not_found(model)

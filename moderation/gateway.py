@@ -35,23 +35,25 @@ from inference.api.db import run_db
 from inference.api.redis import redis_async
 from inference.api.schema import ParsedRequest
 from inference.api.seams import Chunk, GuardBuilder, InputCheck, Screened
+from inference.api.watch import watch_forever
 from moderation import classifier
 from moderation.cascade import Assessment, Cascade
 from moderation.policy import SEVERITY, PolicySpec, Snapshot, snapshot_decoder
-from moderation.publishing import POLICIES_KEY, VERSION_KEY, policies_publish
+from moderation.publishing import CHANNEL, POLICIES_KEY, VERSION_KEY, policies_publish
 from moderation.rules import mask
 from moderation.services import EVENTS_STREAM
 
 log = logging.getLogger(__name__)
 
-REFRESH_SECONDS = 1.0
+QUIET_SECONDS = 60.0  # a look at the version without being told (inference.api.watch)
 MODEL_NAME = "inferplane-moderation"
 
 
 class PolicyView:
-    """This process's policies, refreshed every second in the background: one ``GET`` of the
-    version, the snapshot fetched only when it changed; rebuilt from Postgres when Redis has
-    none. Compiled cascades are kept per (tenant, policy version)."""
+    """This process's policies, refreshed in the background when a publish announces a
+    change (``inference.api.watch``): one ``GET`` of the version, the snapshot fetched only
+    when it changed; rebuilt from Postgres when Redis has none. Compiled cascades are kept
+    per (tenant, policy version)."""
 
     def __init__(self) -> None:
         self.version: bytes | None = None
@@ -100,12 +102,12 @@ class PolicyView:
                 asyncio.get_running_loop().run_in_executor(None, classifier.classifier)
 
     async def _refresh_forever(self) -> None:
-        while True:
-            await asyncio.sleep(REFRESH_SECONDS)
-            try:
-                await self.refresh()
-            except Exception:  # Redis or the database away: keep the last copy
-                log.warning("could not refresh the moderation policies", exc_info=True)
+        await watch_forever(
+            CHANNEL,
+            lambda _messages: self.refresh(),
+            quiet_seconds=lambda: QUIET_SECONDS,
+            what="the moderation policies",
+        )
 
 
 _views: dict[asyncio.AbstractEventLoop, PolicyView] = {}

@@ -1,9 +1,10 @@
 """A tenant's moderation policy as the gateway holds it, and its validation.
 
 The control plane stores the policy (``ModerationPolicy``) and publishes every tenant's as one
-snapshot in Redis (``moderation.publishing``); each web process keeps a copy it refreshes every
-second (``moderation.gateway``), so a change applies everywhere within two seconds and no
-request reads the database for it. ``PolicySpec`` is that snapshot's entry, checked on decode.
+snapshot in Redis (``moderation.publishing``); each web process keeps a copy it refreshes when
+a publish announces a change (``moderation.gateway``), so a change applies everywhere within
+two seconds and no request reads the database for it. ``PolicySpec`` is that snapshot's
+entry, checked on decode.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Every tenant's policy, as the gateways hold it, in Redis: ``ip:moderation:policies`` (the
-snapshot, ``moderation.policy.Snapshot``) and ``ip:moderation:version`` (what the gateways
-poll every second; they fetch the snapshot only when it changed)."""
+snapshot, ``moderation.policy.Snapshot``) and ``ip:moderation:version``, each change announced
+on ``ip:moderation:changed``: the gateways then look at the version and fetch the snapshot
+only when it changed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from moderation.policy import CategoryRule, PolicySpec, Snapshot
 
 POLICIES_KEY = "ip:moderation:policies"
 VERSION_KEY = "ip:moderation:version"
+CHANNEL = "ip:moderation:changed"
 PUBLISH_LOCK = "ip:moderation:publish-lock"
 
 
@@ -62,5 +64,6 @@ def policies_publish() -> tuple[int, Snapshot]:
         pipe = client.pipeline(transaction=True)
         pipe.set(POLICIES_KEY, encoded)
         pipe.set(VERSION_KEY, version)
+        pipe.publish(CHANNEL, version)  # the gateways look at the version when told
         pipe.execute()
     return version, snapshot

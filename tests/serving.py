@@ -58,7 +58,7 @@ def world_rows(engines: list[Engine], **pool_settings: Any) -> None:
     from inference.catalog import catalog_publish
 
     catalog_publish()
-    time.sleep(1.1)  # the live web processes refresh their catalog copy every second
+    time.sleep(1.1)  # the live web processes refresh their catalog copy when told
 
 
 @pytest.fixture(scope="module")

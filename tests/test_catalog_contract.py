@@ -25,7 +25,9 @@ from contract import (
 from controlplane.redis import redis_sync
 from inference.api.catalog import CatalogView
 from inference.catalog import CATALOG_KEY, CATALOG_VERSION_KEY, catalog_build, catalog_publish
+from inference.models import Model
 from inference.services import model_ensure, pool_ensure
+from tenants.models import Adapter, Tenant
 from tests.factories import TenantFactory
 
 ACME, GLOBEX = 1, 2
@@ -171,7 +173,8 @@ def _add_model() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_gateways_fetch_the_catalog_only_when_it_changed() -> None:
     """A publish that changes nothing (a health probe round of a steady fleet) leaves the
-    version alone; a change moves it, and a gateway's copy follows within half a second."""
+    version alone; a change moves it, and a gateway's copy follows within half a second,
+    told (a subscription): idle, it neither fetches nor even looks at the version."""
     model = model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
     pool_ensure(name="online", model=model, kind="dedicated", replica_urls=[])
     catalog_publish()
@@ -182,18 +185,20 @@ def test_gateways_fetch_the_catalog_only_when_it_changed() -> None:
 
     async def follow() -> tuple[int, float]:
         view = CatalogView()
-        await view.get()  # starts the background refresh
-        fetches = 0
-        original = view.refresh
+        looks = 0
+        original = view._look
 
-        async def counted(**kwargs: bool) -> None:
-            nonlocal fetches
-            fetches += 1
-            await original(**kwargs)
+        async def counted(messages: list[bytes]) -> None:
+            nonlocal looks
+            looks += 1
+            await original(messages)
 
-        view.refresh = counted  # type: ignore[method-assign]
-        await asyncio.sleep(1.2)  # idle: polled, never fetched
-        idle = fetches
+        view._look = counted  # type: ignore[method-assign]
+        await view.get()  # starts the background refresh: subscribes, looks once
+        await asyncio.sleep(0.3)
+        before = looks
+        await asyncio.sleep(2)  # idle
+        idle = looks - before
         await asyncio.to_thread(_add_model)  # published on commit
         changed = time.monotonic()
         for _ in range(200):
@@ -206,3 +211,73 @@ def test_gateways_fetch_the_catalog_only_when_it_changed() -> None:
     assert idle == 0
     assert seen_after < 0.5
     assert int(redis_sync().get(CATALOG_VERSION_KEY) or 0) == int(version or 0) + 1
+
+
+def _adapter(tenant: Tenant, name: str, model: Model) -> None:
+    try:
+        Adapter.objects.create(
+            tenant=tenant, name=name, version=1, status=Adapter.Status.READY, base_model=model
+        )
+        catalog_publish()  # what the adapter's validation does once it is ready
+    finally:
+        connection.close()  # when run in a thread: its own connection
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_tenant_fetches_its_own_adapters_and_only_when_they_changed() -> None:
+    """The adapters are published per tenant, not in the snapshot: a gateway fetches a
+    tenant's part when that tenant calls, and an upload by one tenant makes every gateway
+    fetch that tenant's part again, and no one else's, and never the snapshot."""
+    model = model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
+    Model.objects.filter(pk=model.pk).update(supports_lora=True)
+    pool_ensure(name="online", model=model, kind="dedicated", replica_urls=[])
+    acme, globex = TenantFactory.create(slug="acme"), TenantFactory.create(slug="globex")
+    _adapter(acme, "bot", model)
+    _adapter(globex, "helper", model)
+    snapshot = catalog_decoder.decode(redis_sync().get(CATALOG_KEY) or b"")
+    assert snapshot.adapters == {}
+
+    async def follow() -> tuple[list[str], list[str], bool, bool, int]:
+        view = CatalogView()
+        mine = await view.for_tenant(acme.pk)
+        theirs = await view.for_tenant(globex.pk)
+        seen = (sorted(mine.callable_by(acme.pk)), sorted(theirs.callable_by(globex.pk)))
+        assert mine.callable("globex/helper", acme.pk) is None  # another's: unknown
+        fetched = view.version
+        await asyncio.to_thread(_adapter, acme, "writer", model)
+        for _ in range(100):
+            if "acme/writer" in (await view.for_tenant(acme.pk)).adapters:
+                break
+            await asyncio.sleep(0.01)
+        globex_kept = view.merged.get(globex.pk) is theirs
+        await asyncio.sleep(0.1)
+        return *seen, globex_kept, view.version == fetched, len(view.parts[acme.pk])
+
+    mine, theirs, globex_kept, snapshot_kept, acme_now = asyncio.run(follow())
+    assert mine == ["acme/bot", "acme/bot:1", "tiny-chat"]
+    assert theirs == ["globex/helper", "globex/helper:1", "tiny-chat"]
+    assert acme_now == 2
+    assert globex_kept and snapshot_kept
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_missed_announcement_of_adapters_drops_every_part() -> None:
+    """A gap in the adapters' serial (a message lost while the subscription was away) makes
+    the gateway fetch every tenant's part again rather than serve a stale one."""
+    model = model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
+    pool_ensure(name="online", model=model, kind="dedicated", replica_urls=[])
+    acme = TenantFactory.create(slug="acme")
+    _adapter(acme, "bot", model)
+
+    async def gap() -> tuple[bool, bool]:
+        view = CatalogView()
+        await view.for_tenant(acme.pk)
+        assert view.serial is not None
+        await view._look([f"a:{view.serial + 2}:999".encode()])
+        dropped = acme.pk not in view.parts
+        await view.for_tenant(acme.pk)
+        await view._look([f"a:{view.serial + 1}:999".encode()])
+        return dropped, acme.pk in view.parts
+
+    dropped, kept = asyncio.run(gap())
+    assert dropped and kept

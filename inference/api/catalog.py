@@ -1,7 +1,9 @@
 """This process's copy of the serving catalog, kept fresh from Redis in the background
-(never per request), decoded into ``contract.Catalog``: the catalog's version counter is
-polled four times a second and the snapshot fetched only when it moved, so a change (a
-canary's weights, a replica drained) reaches every process within a quarter of a second.
+(never per request), decoded into ``contract.Catalog``. ``catalog_publish`` announces each
+change on ``ip:catalog:changed``; the process, subscribed (``inference.api.watch``), then
+compares the version counter and fetches the snapshot only when it moved. So a change (a
+canary's weights, a replica drained) reaches every process within milliseconds, and an idle
+platform costs a process nothing between changes (one look at the version a minute).
 When Redis has lost it, or holds one this process cannot read (a publisher of another
 version), it is rebuilt from Postgres."""
 
@@ -9,30 +11,44 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import msgspec
 from redis.exceptions import RedisError
 
-from contract import Catalog, catalog_decoder
+from contract import Catalog, CatalogAdapter, catalog_decoder
 from inference.api.db import run_db
 from inference.api.redis import redis_async
-from inference.catalog import CATALOG_KEY, CATALOG_VERSION_KEY, catalog_publish
+from inference.api.watch import watch_forever
+from inference.catalog import (
+    ADAPTERS_KEY,
+    ADAPTERS_SERIAL_KEY,
+    CATALOG_CHANNEL,
+    CATALOG_KEY,
+    CATALOG_VERSION_KEY,
+    adapters_part_decoder,
+    catalog_publish,
+)
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.25  # how often the version is read
-# The snapshot is fetched at least this often anyway; and every second while Redis holds
-# no version (a snapshot written by something other than catalog_publish).
-FULL_SECONDS = 30.0
+# Without a message, the version is looked at this often anyway (a subscription that died
+# without a word); and every second while Redis holds no version (a snapshot written by
+# something other than catalog_publish), when the snapshot is fetched each time.
+QUIET_SECONDS = 60.0
 UNVERSIONED_SECONDS = 1.0
 
 
 class CatalogView:
+    """The snapshot (``data``: models, pools, routes; no adapters) and, per tenant that has
+    called, its adapters' part; ``for_tenant`` is the catalog as that tenant sees it."""
+
     def __init__(self) -> None:
         self.data: Catalog | None = None
         self.version: object = None  # the version counter the data came with
-        self.fetched = 0.0
+        self.serial: int | None = None  # the adapters' serial the parts are as of
+        self.parts: dict[int, dict[str, CatalogAdapter]] = {}  # tenant -> its adapters
+        self.merged: dict[int, Catalog] = {}  # tenant -> data with its adapters in it
+        self.generation = 0  # moves whenever parts are dropped: a fetch under way is stale
         self.task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -45,11 +61,49 @@ class CatalogView:
             raise RuntimeError("serving catalog unavailable")
         return self.data
 
+    async def for_tenant(self, tenant_id: int) -> Catalog:
+        """The catalog with the tenant's own adapters in it: fetched (one ``HGET``) the
+        first time the tenant calls, and again only after its part changed."""
+        data = await self.get()
+        found = self.merged.get(tenant_id)
+        if found is not None and found.version == data.version:
+            return found
+        adapters = self.parts.get(tenant_id)
+        if adapters is None:
+            generation = self.generation
+            try:
+                raw = await redis_async().hget(ADAPTERS_KEY, str(tenant_id))
+            except RedisError:  # the request's own Redis calls will say so; serve the base
+                log.warning("could not read tenant %s's adapters", tenant_id, exc_info=True)
+                return data
+            adapters = adapters_part_decoder.decode(raw or b"{}")
+            if generation != self.generation:
+                return msgspec.structs.replace(data, adapters=adapters) if adapters else data
+            self.parts[tenant_id] = adapters
+        found = msgspec.structs.replace(data, adapters=adapters) if adapters else data
+        if data is self.data:
+            self.merged[tenant_id] = found
+        return found
+
+    def _drop(self, tenants: list[int] | None) -> None:
+        self.generation += 1
+        if tenants is None:
+            self.parts.clear()
+            self.merged.clear()
+        else:
+            for tenant in tenants:
+                self.parts.pop(tenant, None)
+                self.merged.pop(tenant, None)
+
     async def refresh(self, *, republish: bool = False) -> None:
         async with self._lock:
-            raw = version = None
+            raw = version = serial = None
             if not republish:
-                version, raw = await redis_async().mget(CATALOG_VERSION_KEY, CATALOG_KEY)
+                version, raw, serial = await redis_async().mget(
+                    CATALOG_VERSION_KEY, CATALOG_KEY, ADAPTERS_SERIAL_KEY
+                )
+            if self.serial is None and serial:
+                self.serial = int(serial)  # parts fetched from now on are at least as new
             data = None
             if raw is not None:
                 try:
@@ -59,28 +113,49 @@ class CatalogView:
             if data is None:
                 if raw is None:
                     log.info("serving catalog missing in Redis: publishing it from the database")
-                data = await run_db(catalog_publish)
+                data = msgspec.structs.replace(await run_db(catalog_publish), adapters={})
                 version = await redis_async().get(CATALOG_VERSION_KEY)
+                self._drop(None)
             self.data, self.version = data, version
-            self.fetched = time.monotonic()
 
-    async def _stale(self) -> bool:
-        version = await redis_async().get(CATALOG_VERSION_KEY)
-        age = time.monotonic() - self.fetched
-        if version is None:
-            return age >= UNVERSIONED_SECONDS
-        return version != self.version or age >= FULL_SECONDS
+    def _announced(self, message: bytes) -> bool:
+        """A message about the adapters' parts, applied; False for anything else."""
+        kind, _, rest = message.decode(errors="replace").partition(":")
+        if kind != "a":
+            return False
+        serial, _, which = rest.partition(":")
+        if not serial.isdigit():
+            return True
+        consecutive = self.serial is not None and int(serial) == self.serial + 1
+        if which == "*" or not consecutive:  # all, or a message was missed: drop them all
+            self._drop(None)
+        else:
+            self._drop([int(t) for t in which.split(",") if t.isdigit()])
+        self.serial = int(serial)
+        return True
+
+    async def _look(self, messages: list[bytes]) -> None:
+        snapshot = not messages  # a look without messages checks both
+        for message in messages:
+            if not self._announced(message):
+                snapshot = True
+        if not snapshot:
+            return
+        version, raw = await redis_async().mget(CATALOG_VERSION_KEY, ADAPTERS_SERIAL_KEY)
+        serial = int(raw) if raw else None
+        if serial != self.serial:  # moved unannounced (or first look): every part again
+            self._drop(None)
+            self.serial = serial
+        if version is None or version != self.version:
+            await self.refresh()
+
+    def _quiet(self) -> float:
+        return UNVERSIONED_SECONDS if self.version is None else QUIET_SECONDS
 
     async def _refresh_forever(self) -> None:
-        while True:
-            await asyncio.sleep(POLL_SECONDS)
-            try:
-                if await self._stale():
-                    await self.refresh()
-            except (RedisError, OSError):
-                log.warning("could not refresh the serving catalog", exc_info=True)
-            except Exception:  # the database may be away; keep serving from the last copy
-                log.warning("could not rebuild the serving catalog", exc_info=True)
+        await watch_forever(
+            CATALOG_CHANNEL, self._look, quiet_seconds=self._quiet, what="the serving catalog"
+        )
 
 
 _views: dict[asyncio.AbstractEventLoop, CatalogView] = {}

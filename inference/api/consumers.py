@@ -281,7 +281,8 @@ class ModelsConsumer(GatewayHttpConsumer):
         return 0  # a GET carries no body
 
     async def handle_request(self, body: bytes) -> None:
-        models = (await catalog_view().get()).callable_by(self.checked_key.tenant_id)
+        tenant = self.checked_key.tenant_id
+        models = (await catalog_view().for_tenant(tenant)).callable_by(tenant)
         name = self.scope["url_route"]["kwargs"].get("model")
         if name is None:
             data: dict[str, Any] = {

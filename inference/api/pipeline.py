@@ -328,7 +328,7 @@ async def prepare(
     started_at = datetime.now(UTC)
     parsed = parse_request(raw_body, endpoint)
     view = catalog_view()
-    catalog = await view.get()
+    catalog = await view.for_tenant(key.tenant_id)
     pool_name, found, adapter = _resolve(catalog, parsed.model, key, pool)
     model = found.model
     pool_info = catalog.pools[pool_name]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import redis.asyncio as aioredis
 from django.conf import settings
@@ -24,6 +25,9 @@ def redis_async() -> aioredis.Redis:
             socket_timeout=5,
             health_check_interval=30,
             max_connections=512,
+            # Which process a connection is (CLIENT LIST): the operator's, and the benchmark's
+            # count of what an idle gateway asks Redis.
+            client_name=f"inferplane-gateway-{os.getpid()}",
             # A restarted Redis is reconnected to on the next command, not by a restart of ours.
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],

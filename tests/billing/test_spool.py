@@ -3,9 +3,11 @@ exactly once, whatever the flushers and the database do meanwhile."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -17,6 +19,7 @@ from django.db import OperationalError, connection
 
 import contract
 from billing.models import UsageRecord
+from billing.services import price_set
 from billing.spool import (
     DEAD_LETTERS,
     LEGACY_SPOOL,
@@ -27,6 +30,7 @@ from billing.spool import (
     usage_spool_flush,
 )
 from controlplane.redis import redis_sync
+from inference.services import model_ensure
 from tenants.models import ApiKey, Tenant
 from tenants.services import api_key_create
 from tests.factories import TenantFactory
@@ -174,3 +178,43 @@ def test_two_workers_and_a_locked_ledger_lose_and_double_nothing(
     assert len(ids) == 10_000
     assert set(ids) == {r.request_id for r in batch}
     assert client.xpending(USAGE_STREAM, USAGE_GROUP)["pending"] == 0
+
+
+def test_two_flushers_racing_lose_and_double_nothing(records: Any, settings: Any) -> None:
+    """Two flushers (threads with a database connection each, as two worker processes)
+    drain 20,000 records at once, each taking over what the other holds as soon as it has
+    been pending for a moment (claims after 0 s): the batches they insert overlap, and the
+    ledger still ends with every record exactly once, priced, and the spool empty."""
+    settings.INFERPLANE_USAGE_CLAIM_IDLE_SECONDS = 0
+    tenant, key = records
+    price_set(
+        model=model_ensure(name="tiny-chat", served_name="/m", context_length=2048),
+        input_per_mtok=Decimal(1),
+        cached_input_per_mtok=Decimal(1),
+        output_per_mtok=Decimal(2),
+        actor=None,
+    )
+    batch = _records(tenant, key, 20_000)
+    spool_push(*batch)
+    moved: list[int] = []
+    start = threading.Barrier(2)
+
+    def flusher() -> None:
+        try:
+            start.wait()
+            while spool_length():
+                moved.append(usage_spool_flush(max_batches=1))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=flusher) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ids = list(UsageRecord.objects.values_list("request_id", flat=True))
+    assert len(ids) == 20_000
+    assert set(ids) == {r.request_id for r in batch}
+    assert spool_length() == 0
+    costs = dict(UsageRecord.objects.values_list("request_id", "cost_micros"))
+    assert all(costs[r.request_id] == 7 + 2 * r.completion_tokens for r in batch)

@@ -46,7 +46,7 @@ def test_models_lists_what_the_tenant_may_use(world: World) -> None:
     private.allowed_tenants.add(other)
     Pool.objects.create(name="private", kind="dedicated", model=private)
     catalog_publish()
-    time.sleep(1.2)  # web processes refresh their catalog every second
+    time.sleep(1.2)  # web processes refresh their catalog when told it changed
     client = world.stack.openai(key)
     assert [m.id for m in client.models.list().data] == ["tiny-chat"]
     assert client.models.retrieve("tiny-chat").id == "tiny-chat"

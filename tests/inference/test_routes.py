@@ -210,7 +210,7 @@ def test_a_ninety_ten_canary_splits_and_rolls_back_within_a_second(world: World)
     _canary_rows(world.engines[0])
     with transaction.atomic():
         model_route_set(name="tiny-chat", targets=[("tiny-chat", 90), ("tiny-chat-next", 10)])
-    time.sleep(0.6)  # every web process polls the catalog's version four times a second
+    time.sleep(0.6)  # every web process is told of the catalog's new version at once
     _, key = world.tenant()
     url = world.stack.url
 

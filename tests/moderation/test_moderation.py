@@ -241,7 +241,6 @@ def test_async_mode_cuts_within_one_window(world: World, banned: Banned) -> None
 def test_non_streamed_and_n_2_are_cut_too(world: World, banned: Banned) -> None:
     tenant = banned.tenant
     key = banned.key
-    text = banned.text
     term = banned.term
     _ban(world, tenant, key, term, output_mode="hold")
     client = world.stack.openai(key)
@@ -249,8 +248,10 @@ def test_non_streamed_and_n_2_are_cut_too(world: World, banned: Banned) -> None:
     texts = [c.message.content for c in answer.choices]
     assert [c.finish_reason for c in answer.choices] == ["content_filter"] * 2, (term, texts)
     for choice in answer.choices:
+        # Not necessarily a prefix of the one-sequence answer: two sequences in one batch
+        # run other kernels on this CPU engine, and a greedy path may part at a near-tie.
         given = choice.message.content or ""
-        assert text.startswith(given) and term.lower() not in given.lower()
+        assert term.lower() not in given.lower()
     record = _record(world, tenant, 2)[-1]
     assert record.status == "content_filter"
     assert answer.usage is not None and answer.usage.completion_tokens == record.completion_tokens
