@@ -20,7 +20,7 @@ Each figure against a baseline measured in the same run (the machines are shared
 
 Its own Postgres database (``inferplane_scale``) and Redis database (13)::
 
-    .venv/bin/python -m bench.scale            # the figures of bench/RESULTS.md (~15 min)
+    .venv/bin/python -m bench.scale            # the figures of bench/RESULTS.md (~20 min)
     .venv/bin/python -m bench.scale --quick    # the same, smaller (under five minutes)
     .venv/bin/python -m bench.scale --only catalog,ledger
 """

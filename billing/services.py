@@ -103,20 +103,11 @@ def usage_records_insert(records: Iterable[contract.UsageRecord]) -> int:
     # Costs are fixed here, with the price in force when each request started; a record's
     # cost is never recomputed afterwards.
     book = PriceBook.for_models({r.model for r in rows})
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_stage_create())
-        cursor.execute(f"DELETE FROM {_STAGE}")  # noqa: S608 (an outer transaction's rows)
-        types = _stage_types(cursor)
-        with cursor.cursor.copy(f"COPY {_STAGE} ({_NAMES}) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(types)
-            for row in rows:
-                values = msgspec.structs.astuple(row)
-                if row.cost_micros is None:
-                    values = (*values[:-1], book.cost_micros(row))
-                copy.write_row(values)
-        cursor.execute(_UNKNOWN)
-        unknown = {request_id for (request_id,) in cursor.fetchall()}
-        cursor.execute(_MOVE)
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            unknown = _insert_copy(rows, book)
+        else:
+            unknown = _insert_orm(rows, book)
         for request_id in unknown:
             log.error("usage record names an unknown tenant or key, dropped: %s", request_id)
         valid = [r for r in rows if r.request_id not in unknown] if unknown else rows
@@ -125,6 +116,56 @@ def usage_records_insert(records: Iterable[contract.UsageRecord]) -> int:
             transaction.on_commit(lambda: redis_sync().sadd(ROLLUP_DIRTY, *stale))
         _adapters_last_used(valid)
     return len(valid)
+
+
+def _priced(row: contract.UsageRecord, book: PriceBook) -> tuple[object, ...]:
+    values = msgspec.structs.astuple(row)
+    if row.cost_micros is None:
+        values = (*values[:-1], book.cost_micros(row))
+    return values
+
+
+def _insert_copy(rows: list[contract.UsageRecord], book: PriceBook) -> set[str]:
+    """PostgreSQL: the batch through the staging table. Returns the unknown records' ids."""
+    with connection.cursor() as cursor:
+        cursor.execute(_stage_create())
+        cursor.execute(f"DELETE FROM {_STAGE}")  # noqa: S608 (an outer transaction's rows)
+        types = _stage_types(cursor)
+        with cursor.cursor.copy(f"COPY {_STAGE} ({_NAMES}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(types)
+            for row in rows:
+                copy.write_row(_priced(row, book))
+        cursor.execute(_UNKNOWN)
+        unknown = {request_id for (request_id,) in cursor.fetchall()}
+        cursor.execute(_MOVE)
+    return unknown
+
+
+def _insert_orm(rows: list[contract.UsageRecord], book: PriceBook) -> set[str]:
+    """Any other database (SQLite, for a first look without PostgreSQL): the ORM."""
+    tenants = set(
+        Tenant.objects.filter(pk__in={r.tenant_id for r in rows}).values_list("pk", flat=True)
+    )
+    keys = set(
+        ApiKey.objects.filter(pk__in={r.api_key_id for r in rows if r.api_key_id}).values_list(
+            "pk", flat=True
+        )
+    )
+    unknown = {
+        r.request_id
+        for r in rows
+        if r.tenant_id not in tenants or (r.api_key_id is not None and r.api_key_id not in keys)
+    }
+    UsageRecord.objects.bulk_create(
+        [
+            UsageRecord(**dict(zip(_COLUMNS, _priced(r, book), strict=True)))
+            for r in rows
+            if r.request_id not in unknown
+        ],
+        ignore_conflicts=True,
+        batch_size=500,
+    )
+    return unknown
 
 
 def _adapters_last_used(rows: Iterable[contract.UsageRecord]) -> None:
