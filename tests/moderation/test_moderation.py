@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,19 +113,28 @@ def _greedy(world: World, key: str) -> list[tuple[str, int]]:
     return _deltas(chunks)
 
 
-def _term(deltas: list[tuple[str, int]]) -> tuple[str, int]:
+def _term(
+    deltas: list[tuple[str, int]], *, also: Sequence[str] = (), after: int = 2 * WINDOW
+) -> tuple[str, int]:
     """A word the model really writes, well into its answer, and the token where it starts
-    (that word's first appearance: the one a deny list would catch first)."""
+    (that word's first appearance: the one a deny list would catch first). A "word" is what
+    the deny list matches whole: letters and digits between non-word characters (the tiny
+    model writes things like ``helpfu0FGplan``). With ``also``, the word must be in each of
+    those texts too (the other choices of an n > 1 answer). ``after``: the fewest tokens
+    before the word."""
     text = "".join(t for t, _ in deltas)
-    for match in re.finditer(r"(?<![\w])[A-Za-z]{3,12}(?![\w])", text):
-        first = re.search(rf"(?<![\w]){re.escape(match.group())}(?![\w])", text, re.IGNORECASE)
+    for match in re.finditer(r"(?<!\w)[A-Za-z0-9]{3,24}(?!\w)", text):
+        word = rf"(?<!\w){re.escape(match.group())}(?!\w)"
+        if not all(re.search(word, other, re.IGNORECASE) for other in also):
+            continue
+        first = re.search(word, text, re.IGNORECASE)
         assert first is not None
         chars = tokens = 0
         for delta, count in deltas:  # the tokens before the delta the word starts in
             if chars + len(delta) > first.start():
                 break
             chars, tokens = chars + len(delta), tokens + count
-        if tokens >= 2 * WINDOW:
+        if tokens >= after:
             return match.group(), tokens
     pytest.fail(f"no usable word in the tiny model's answer: {text!r}")
 
@@ -245,7 +255,11 @@ def test_non_streamed_and_n_2_are_cut_too(world: World, banned: Banned) -> None:
     # this CPU engine than one, and their greedy path may part from the one-sequence answer
     # at a near-tie (and then never write its word).
     chunks, _ = _sse(world, key, _twice())
-    term, _ = _term([(t, 1) for t in _texts(chunks)[0]])
+    probe = _texts(chunks)
+    # Anywhere in the answer will do here (what is asserted is that hold mode keeps it back
+    # from every choice, not where the cut falls): the tiny model's batched answer may have
+    # no new word late in it.
+    term, _ = _term([(t, 1) for t in probe[0]], also=["".join(probe[1])], after=0)
     _ban(world, tenant, key, term, output_mode="hold")
     client = world.stack.openai(key)
     answer = client.chat.completions.create(**_sdk(**_twice()))
