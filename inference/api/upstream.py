@@ -8,7 +8,6 @@ pure-Python HTTP/1.1 reader was a quarter of the gateway's CPU (bench/RESULTS.md
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
@@ -20,6 +19,18 @@ from inference.api.schema import context_error
 _sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
 PATHS = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
+# vLLM's abort by request id (served with ``--enable-scale-out``, behind the engine's API key).
+ABORT_PATH = "/inference/v1/abort_requests"
+
+
+def engine_request_ids(*, endpoint: str, rid: str, prompts: int) -> list[str]:
+    """The ids vLLM gives the sequences of a request it got with ``x-request-id: rid``: chat
+    ``chatcmpl-<rid>``; completions ``cmpl-<rid>-<i>``, one per prompt (its ``n`` copies of
+    each are children of that id, aborted with it)."""
+    if endpoint == "chat.completions":
+        return [f"chatcmpl-{rid}"]
+    return [f"cmpl-{rid}-{i}" for i in range(max(1, prompts))]
+
 
 # Failures of the connection to an engine (refused, reset, closed mid-body, timed out).
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
@@ -46,15 +57,31 @@ def engine_session() -> aiohttp.ClientSession:
     return session
 
 
-async def sse_batches(response: aiohttp.ClientResponse) -> AsyncIterator[list[bytes]]:
-    """The ``data:`` payloads of an SSE stream, in batches: all that one read delivered."""
-    buffer = b""
-    async for data in response.content.iter_any():
-        buffer += data
-        if b"\n\n" not in buffer:
-            continue
-        *events, buffer = buffer.split(b"\n\n")
-        yield [
+class SseBatches:
+    """The ``data:`` payloads of an SSE stream, in batches: all that one read delivered.
+
+    An object rather than an async generator: a read cancelled while it waits (the client
+    left, a timeout) would close a generator for good, and with it the rest of the engine's
+    stream; here the wait is all that is cancelled (aiohttp's ``readany`` loses nothing), so
+    ``Relay.drain`` can still read the engine's last events and its final count."""
+
+    __slots__ = ("_buffer", "_content")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._content = response.content
+        self._buffer = b""
+
+    def __aiter__(self) -> SseBatches:
+        return self
+
+    async def __anext__(self) -> list[bytes]:
+        while b"\n\n" not in self._buffer:
+            data = await self._content.readany()
+            if not data:
+                raise StopAsyncIteration
+            self._buffer += data
+        *events, self._buffer = self._buffer.split(b"\n\n")
+        return [
             e[6:] if e.startswith(b"data: ") else e[5:].lstrip()
             for e in events
             if e.startswith(b"data:")
