@@ -9,11 +9,12 @@ from array import array
 from typing import Any
 
 from adapters.validation import Architecture
+from devkit.tiny_model import VERSION
 
 # The generated tiny-chat model (scripts/make_tiny_model.py): hidden 128, 2 heads of 64,
 # 2 layers, MLP 256.
 TINY_CONFIG = {
-    "_name_or_path": "tiny-chat-v1",  # what seed_demo records: the weights' directory
+    "_name_or_path": VERSION,  # what seed_demo records: the weights' directory
     "architectures": ["LlamaForCausalLM"],
     "hidden_size": 128,
     "intermediate_size": 256,
@@ -25,13 +26,18 @@ TINY_CONFIG = {
 TINY = Architecture.from_config(TINY_CONFIG)
 
 
-def safetensors(tensors: dict[str, list[int]], *, tamper: Any = None) -> bytes:
-    """A safetensors file of F32 tensors with deterministic values."""
+def safetensors(tensors: dict[str, list[int]], *, tamper: Any = None, variant: int = 0) -> bytes:
+    """A safetensors file of F32 tensors with deterministic values. Another ``variant`` is
+    another adapter whose weights point another way: the tiny model answers it differently
+    (an adapter whose weights are only scaled changes the answer as its original does)."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     data = bytearray()
     for name, shape in tensors.items():
         count = shape[0] * shape[1]
-        values = array("f", (((i * 7919) % 1000) / 1e4 for i in range(count))).tobytes()
+        shift = 0.05 if variant else 0.0
+        values = array(
+            "f", (((i * 7919 + variant * 3571) % 1000) / 1e4 - shift for i in range(count))
+        ).tobytes()
         header[name] = {
             "dtype": "F32",
             "shape": shape,
@@ -45,7 +51,9 @@ def safetensors(tensors: dict[str, list[int]], *, tamper: Any = None) -> bytes:
 
 
 def scaled_weights(weights: bytes, factor: float) -> bytes:
-    """The same adapter layout with every (float32) value times ``factor``: another adapter."""
+    """The same adapter layout with every (float32) value times ``factor``: another adapter
+    file (the tiny model's answer to it is the original's; ``safetensors(variant=...)``
+    makes one that answers differently)."""
     header_end = 8 + int.from_bytes(weights[:8], "little")
     values = array("f", weights[header_end:])
     return weights[:header_end] + array("f", (factor * v for v in values)).tobytes()
@@ -72,7 +80,7 @@ def config(**overrides: Any) -> bytes:
             "r": 8,
             "lora_alpha": 16,
             "target_modules": ["q_proj", "v_proj"],
-            "base_model_name_or_path": "/models/tiny-chat-v1",
+            "base_model_name_or_path": f"/models/{VERSION}",
             "task_type": "CAUSAL_LM",
             **overrides,
         }

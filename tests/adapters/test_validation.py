@@ -15,7 +15,7 @@ import pytest
 from adapters.validation import CONFIG, WEIGHTS, Rejected, unpack, validate
 from devkit.adapters import TINY, config, lora_tensors, safetensors
 
-BASES = ["tiny-chat", "/models/tiny-chat-v1"]
+BASES = ["tiny-chat", "/models/tiny-chat-v2"]
 MB = 1024 * 1024
 
 

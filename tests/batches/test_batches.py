@@ -77,6 +77,15 @@ def _line(custom_id: str, *, content: str = "Say hello.", **body: Any) -> dict[s
     }
 
 
+def _short_then_long(prefix: str, n: int) -> list[dict[str, Any]]:
+    """Lines for a batch that must still be running when the test acts on it: the first is
+    short (its completion is the signal to act), every other one is 900 tokens long (about a
+    second even on a fast AMX CPU; 10 s and more after the signal, while a poll is 0.5 s)."""
+    return [
+        _line(f"{prefix}{i}", max_tokens=8 if i == 0 else 900, ignore_eos=True) for i in range(n)
+    ]
+
+
 def _jsonl(lines: list[Any]) -> bytes:
     return b"".join(
         (line if isinstance(line, bytes) else orjson.dumps(line)) + b"\n" for line in lines
@@ -234,9 +243,7 @@ def test_lines_that_fail_go_to_the_error_file_and_all_failed_is_completed(spot: 
 def test_cancel_mid_run_keeps_what_ran_and_cancels_the_rest(spot: World) -> None:
     tenant, key = spot.tenant(max_concurrency=1)  # one line at a time: the cancel lands mid-run
     client = _client(spot, key)
-    # Lines long enough that the cancel lands while most are still to run, on a fast engine
-    # too (an AMX CPU runs the tiny model's 48 tokens in tens of milliseconds).
-    file_id = _upload(client, [_line(f"n{i}", max_tokens=240, ignore_eos=True) for i in range(12)])
+    file_id = _upload(client, _short_then_long("n", 12))
     created = _create(client, file_id)
     _until(
         client,
@@ -274,9 +281,7 @@ def test_cancel_mid_run_keeps_what_ran_and_cancels_the_rest(spot: World) -> None
 def test_an_expired_batch_keeps_its_answers_and_bills_nothing_else(spot: World) -> None:
     tenant, key = spot.tenant(max_concurrency=1)
     client = _client(spot, key)
-    # Lines long enough that the expiry lands while some are still to run (see the cancel
-    # test: a fast engine runs 48 tokens in tens of milliseconds).
-    file_id = _upload(client, [_line(f"e{i}", max_tokens=240, ignore_eos=True) for i in range(10)])
+    file_id = _upload(client, _short_then_long("e", 10))
     created = _create(client, file_id)
     _until(
         client,

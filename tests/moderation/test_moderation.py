@@ -1,16 +1,14 @@
 """Moderation on a live stack (web, worker, beat) in front of the real tiny vLLM engine: a
-deny term taken from what the model really says, then banned, cuts that same greedy answer
-over SSE, WebSocket and non-streamed, for n > 1 too; a banned word in the prompt never gets an
-answer; flag and log leave the answer alone and record events; a policy change applies within
-two seconds; a guard that fails follows fail-open or fail-closed; ``/v1/moderations`` through
-the ``openai`` SDK."""
+word the tiny model's script writes at a known token (devkit.tiny_model), banned, cuts the
+answer there over SSE, WebSocket and non-streamed, for n > 1 too; a banned word in the
+prompt never gets an answer; flag and log leave the answer alone and record events; a policy
+change applies within two seconds; a guard that fails follows fail-open or fail-closed;
+``/v1/moderations`` through the ``openai`` SDK."""
 
 from __future__ import annotations
 
 import json
-import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +17,8 @@ import openai
 import pytest
 
 from billing.models import UsageRecord
+from devkit.tiny_model import CYCLE, word_at
+from devkit.tiny_model import answer as scripted
 from inference.models import Model, Replica
 from inference.services import model_ensure, pool_ensure, replica_probe
 from moderation.categories import CATEGORIES
@@ -40,10 +40,16 @@ from tests.serving import World
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
 PROMPT = [{"role": "user", "content": "Tell me a long story about the sea."}]
-TOKENS = 60  # the greedy answer a word is taken from
+TOKENS = 60  # the answer a test asks for: the script's words 0-59
 LONG = 600  # what a cut request asks for: the engine must be stopped well before
 WINDOW = 8
 OVERLAP = 4
+# The banned word: the one the script writes as token AT of every chat answer (its first
+# appearance: the cycle's words are all different), two windows in.
+AT = 18
+TERM = word_at(AT)
+assert CYCLE.index(TERM) == AT and AT >= 2 * WINDOW
+TEXT = scripted(TOKENS)
 
 
 def _body(**extra: Any) -> dict[str, Any]:
@@ -108,37 +114,6 @@ def _deltas(chunks: list[dict[str, Any]], index: int = 0) -> list[tuple[str, int
     return out
 
 
-def _greedy(world: World, key: str) -> list[tuple[str, int]]:
-    chunks, _ = _sse(world, key, _body(logprobs=True))
-    return _deltas(chunks)
-
-
-def _term(
-    deltas: list[tuple[str, int]], *, also: Sequence[str] = (), after: int = 2 * WINDOW
-) -> tuple[str, int]:
-    """A word the model really writes, well into its answer, and the token where it starts
-    (that word's first appearance: the one a deny list would catch first). A "word" is what
-    the deny list matches whole: letters and digits between non-word characters (the tiny
-    model writes things like ``helpfu0FGplan``). With ``also``, the word must be in each of
-    those texts too (the other choices of an n > 1 answer). ``after``: the fewest tokens
-    before the word."""
-    text = "".join(t for t, _ in deltas)
-    for match in re.finditer(r"(?<!\w)[A-Za-z0-9]{3,24}(?!\w)", text):
-        word = rf"(?<!\w){re.escape(match.group())}(?!\w)"
-        if not all(re.search(word, other, re.IGNORECASE) for other in also):
-            continue
-        first = re.search(word, text, re.IGNORECASE)
-        assert first is not None
-        chars = tokens = 0
-        for delta, count in deltas:  # the tokens before the delta the word starts in
-            if chars + len(delta) > first.start():
-                break
-            chars, tokens = chars + len(delta), tokens + count
-        if tokens >= after:
-            return match.group(), tokens
-    pytest.fail(f"no usable word in the tiny model's answer: {text!r}")
-
-
 def _policy(tenant: Tenant, **changes: Any) -> None:
     changes.setdefault("classifier", False)  # the tiny model's words are not profane
     changes.setdefault("window_tokens", WINDOW)
@@ -165,22 +140,20 @@ def _events(tenant: Tenant, count: int = 1) -> list[ModerationEvent]:
 
 @dataclass
 class Banned:
-    """A tenant, its key, the model's greedy answer (one entry per token), a word of it and
-    the token where that word first starts."""
+    """A tenant, its key, the model's answer (TOKENS tokens), the word to ban and the token
+    where it first starts."""
 
     tenant: Tenant
     key: str
-    text: str
-    term: str
-    at: int
+    text: str = TEXT
+    term: str = TERM
+    at: int = AT
 
 
 @pytest.fixture
 def banned(world: World) -> Banned:
     tenant, key = world.tenant()
-    deltas = _greedy(world, key)
-    term, at = _term(deltas)
-    return Banned(tenant, key, "".join(t for t, _ in deltas), term, at)
+    return Banned(tenant, key)
 
 
 def _twice(**extra: Any) -> dict[str, Any]:
@@ -216,15 +189,17 @@ def test_hold_mode_never_lets_the_banned_word_reach_the_client(
     assert term.lower() not in delivered.lower()
     assert text.startswith(delivered)  # what came is the answer, up to the cut
     usage = chunks[-1]["usage"]
-    record = _record(world, tenant, 2)[-1]
+    record = _record(world, tenant)[-1]
     after = settled_counters(engine)
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert record.status == "content_filter"
     assert usage["completion_tokens"] == record.completion_tokens
-    # Billed for what the engine made, not for what the client was shown (the decode steps
-    # in flight at the abort may be counted by the engine and never streamed: README).
-    assert record.completion_tokens > len(_texts(chunks).get(0, []))
-    assert 0 <= generated - record.completion_tokens <= 2
+    # Billed for what the engine made (it was aborted and reported its own final count), not
+    # for what the client was shown: the held window was never sent.
+    shown = len(delivered.split())  # every token of the script is one word
+    assert delivered == scripted(shown)
+    assert record.completion_tokens > AT >= shown
+    assert record.completion_tokens == generated
     assert record.completion_tokens < LONG // 2  # the engine was stopped
     event = _events(tenant)[0]
     assert (event.where, event.action, event.rules) == ("output", "block", ["deny_term"])
@@ -251,33 +226,23 @@ def test_async_mode_cuts_within_one_window(world: World, banned: Banned) -> None
 def test_non_streamed_and_n_2_are_cut_too(world: World, banned: Banned) -> None:
     tenant = banned.tenant
     key = banned.key
-    # The word comes from an n=2 answer itself: two sequences batched run other kernels on
-    # this CPU engine than one, and their greedy path may part from the one-sequence answer
-    # at a near-tie (and then never write its word).
-    chunks, _ = _sse(world, key, _twice())
-    probe = _texts(chunks)
-    # Anywhere in the answer will do here (what is asserted is that hold mode keeps it back
-    # from every choice, not where the cut falls): the tiny model's batched answer may have
-    # no new word late in it.
-    term, _ = _term([(t, 1) for t in probe[0]], also=["".join(probe[1])], after=0)
+    term = banned.term  # every choice writes the script: n > 1 changes no word
     _ban(world, tenant, key, term, output_mode="hold")
     client = world.stack.openai(key)
     answer = client.chat.completions.create(**_sdk(**_twice()))
     texts = [c.message.content for c in answer.choices]
     assert [c.finish_reason for c in answer.choices] == ["content_filter"] * 2, (term, texts)
     for choice in answer.choices:
-        # Not necessarily a prefix of the one-sequence answer: two sequences in one batch
-        # run other kernels on this CPU engine, and a greedy path may part at a near-tie.
         given = choice.message.content or ""
-        assert term.lower() not in given.lower()
-    record = _record(world, tenant, 3)[-1]
+        assert term.lower() not in given.lower() and TEXT.startswith(given)
+    record = _record(world, tenant)[-1]
     assert record.status == "content_filter"
     assert answer.usage is not None and answer.usage.completion_tokens == record.completion_tokens
-    # Streamed with n=2: neither choice delivers the word (each is cut where it writes it;
-    # a run whose greedy path parted before the word has nothing to cut and ends at length).
+    # Streamed with n=2: each choice is cut where it writes the word, and delivers none of it.
     chunks, done = _sse(world, key, _twice())
-    assert done and set(_finish(chunks).values()) <= {"content_filter", "length"}
-    assert all(term.lower() not in "".join(t).lower() for t in _texts(chunks).values())
+    assert done and _finish(chunks) == {0: "content_filter", 1: "content_filter"}
+    for deltas in _texts(chunks).values():
+        assert term.lower() not in "".join(deltas).lower() and TEXT.startswith("".join(deltas))
 
 
 def test_the_websocket_is_cut_the_same_way(world: World, banned: Banned) -> None:
@@ -314,7 +279,7 @@ def test_a_banned_word_in_the_prompt_gets_no_answer_and_stops_the_engine(
     error = response.json()["error"]
     assert error["code"] == "content_policy_violation"
     assert error["type"] == "invalid_request_error"
-    record = _record(world, tenant, 2)[-1]
+    record = _record(world, tenant)[-1]
     after = settled_counters(engine)
     assert record.status == "content_filter" and record.completion_tokens <= 1
     # The engine got the request (the check runs beside its prefill) and was aborted.
@@ -352,12 +317,12 @@ def test_flag_and_log_record_events_and_leave_the_answer_alone(
     events = _events(tenant, 3)
     assert [e.action for e in events] == ["flag", "flag", "log"]
     assert term.lower() in events[-1].text.lower()  # opted in: the window that fired
-    assert {r.status for r in _record(world, tenant, 4)} == {"ok"}
+    assert {r.status for r in _record(world, tenant, 3)} == {"ok"}
 
 
 def test_a_policy_change_applies_within_two_seconds(world: World) -> None:
     tenant, key = world.tenant()
-    term, _ = _term(_greedy(world, key))
+    term = TERM
     prompt = [{"role": "user", "content": f"About {term}."}]
     body = _body(messages=prompt, max_tokens=1)
 
@@ -489,7 +454,7 @@ def test_batch_lines_are_moderated_the_same_way(spot: World, banned: Banned) -> 
     (refused,) = batch_content(client, batch.error_file_id)
     assert refused["response"]["status_code"] == 400
     assert refused["response"]["body"]["error"]["code"] == "content_policy_violation"
-    records = {r.request_id: r for r in _record(spot, tenant, 3)}
+    records = {r.request_id: r for r in _record(spot, tenant, 2)}
     billed = records[cut["response"]["request_id"]]
     assert (billed.mode, billed.status) == ("batch", "content_filter")
     assert billed.completion_tokens == cut["response"]["body"]["usage"]["completion_tokens"]
