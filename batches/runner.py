@@ -92,7 +92,8 @@ def batch_run(*, batch_id: str, seconds: float | None = None) -> str:
     budget = seconds if seconds is not None else settings.INFERPLANE_BATCH_RUN_SECONDS
     # This run chain holds the batch: the sweeper leaves it alone until the time is up.
     Batch.objects.filter(pk=batch_id).update(
-        running_until=timezone.now() + timedelta(seconds=budget + 60)
+        running_until=timezone.now()
+        + timedelta(seconds=budget + settings.INFERPLANE_BATCH_RUN_GRACE_SECONDS)
     )
     token = uuid.uuid4().hex
     _event_loop().run_until_complete(_drive(plan, token, time.monotonic() + budget))

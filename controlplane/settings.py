@@ -549,3 +549,6 @@ INFERPLANE_BATCH_LEASE_SECONDS = env_int("INFERPLANE_BATCH_LEASE_SECONDS", 300, 
 INFERPLANE_BATCH_CONCURRENCY = env_int("INFERPLANE_BATCH_CONCURRENCY", 128, minimum=1)
 # How long one task runs lines before it queues its successor (batches take turns).
 INFERPLANE_BATCH_RUN_SECONDS = env_int("INFERPLANE_BATCH_RUN_SECONDS", 60, minimum=1)
+# How long past its run time a run task may still be finishing its lines in flight: until
+# then the sweeper takes it for alive (after, a worker that died holding it is replaced).
+INFERPLANE_BATCH_RUN_GRACE_SECONDS = env_int("INFERPLANE_BATCH_RUN_GRACE_SECONDS", 60, minimum=1)

@@ -38,6 +38,32 @@ ROOT = Path(__file__).resolve().parent.parent
 
 contract.install()
 
+# The tests' groups (tests/README.md), marked by the fixtures they use, so that no test can be
+# put in the wrong one: ``engine`` starts or needs a vLLM engine, ``stack`` a live stack
+# (uvicorn, Celery worker and beat as processes). ``make test-quick`` runs neither.
+ENGINE_FIXTURES = frozenset(
+    {"engine", "guard_engine", "lora_engine", "spare_engine", "second_engine"}
+)
+STACK_FIXTURES = frozenset({"serving_db_url", "stack_factory"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & ENGINE_FIXTURES:
+            item.add_marker(pytest.mark.engine)
+        if names & STACK_FIXTURES:
+            item.add_marker(pytest.mark.stack)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The session engines the selected tests use start together (tests/engines.py)."""
+    from tests import engines
+
+    for item in session.items:
+        engines.wanted |= set(getattr(item, "fixturenames", ())) & set(engines.SESSION_ENGINES)
+
 
 @pytest.fixture(autouse=True)
 def _openai_contract() -> Iterator[None]:

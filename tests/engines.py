@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -109,19 +109,45 @@ def guard_engine_start(port: int | None = None) -> Engine:
     return Engine(port=port, process=process, log_path=log_path)
 
 
-@pytest.fixture(scope="session")
-def guard_engine() -> Iterator[Engine]:
-    """One engine serving the tiny guard model for the whole session."""
-    started = guard_engine_start()
+# The session's engines, started together: each takes ~30-60 s to start, most of it
+# single-threaded Python; three at once on two cores take about as long as two one after
+# another. ``tests/conftest.py`` names the ones the selected tests use (``wanted``); the first
+# of them a test asks for starts them all, the others are then ready or nearly.
+SESSION_ENGINES: dict[str, Callable[[], Engine]] = {
+    "engine": engine_start,
+    "guard_engine": guard_engine_start,
+    "lora_engine": lambda: engine_start(
+        "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"
+    ),
+}
+wanted: set[str] = set()
+_started: dict[str, Engine] = {}
+
+
+def _session_engine(name: str) -> Iterator[Engine]:
+    for other in sorted(wanted | {name}):
+        if other not in _started:
+            _started[other] = SESSION_ENGINES[other]()
+    started = _started[name]
     started.wait_ready()
     yield started
     started.stop()
+
+
+@pytest.fixture(scope="session")
+def guard_engine() -> Iterator[Engine]:
+    """One engine serving the tiny guard model for the whole session."""
+    yield from _session_engine("guard_engine")
+
+
+@pytest.fixture(scope="session")
+def lora_engine() -> Iterator[Engine]:
+    """One engine with LoRA on for the whole session (two adapters at once); a test that
+    loads adapters into it directly unloads them (the gateway's own tests count them)."""
+    yield from _session_engine("lora_engine")
 
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[Engine]:
     """One vLLM CPU engine serving ``tiny-chat`` for the whole session."""
-    started = engine_start()
-    started.wait_ready()
-    yield started
-    started.stop()
+    yield from _session_engine("engine")

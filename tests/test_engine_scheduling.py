@@ -107,6 +107,7 @@ def stopped() -> Iterator[list[subprocess.Popen[bytes]]]:
             os.kill(_found.pop(), signal.SIGKILL)
 
 
+@pytest.mark.engine
 def test_make_runs_engine_yields_to_the_gateway(
     tmp_path: Path, stopped: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -131,6 +132,7 @@ def test_make_runs_engine_yields_to_the_gateway(
     assert _gone(engine), "honcho left the engine running"
 
 
+@pytest.mark.engine
 def test_fixture_and_setsid_engines_yield_too(
     tmp_path: Path, stopped: list[subprocess.Popen[bytes]]
 ) -> None:

@@ -9,6 +9,7 @@ import itertools
 import os
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -24,7 +25,7 @@ from tenants.services import api_key_create, tenant_create
 from tests.batches.test_batches import _content, _create, _finished, _line, _until, _upload
 from tests.conftest import run_manage
 from tests.engines import Engine, engine_start
-from tests.live import wait_for, worker_start
+from tests.live import engine_counters, wait_for, worker_start
 from tests.serving import world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
@@ -51,6 +52,16 @@ def spot_rows(transactional_db: None, engine: Engine) -> None:
     time.sleep(1.1)
 
 
+@pytest.fixture(scope="module")
+def second_engine() -> Iterator[Engine]:
+    """One engine more for this module's engine faults: hung (and let go) by the first test
+    that takes it, killed by the second (one start for both)."""
+    started = engine_start()
+    started.wait_ready()
+    yield started
+    started.stop()
+
+
 def _tenant(**limits: int | None) -> tuple[Tenant, str]:
     tenant = tenant_create(slug=f"fault-{next(_slugs)}", weight=1, limits=limits, actor=None)
     return tenant, api_key_create(tenant=tenant, name="test", created_by=None).secret
@@ -61,8 +72,16 @@ def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(
 ) -> None:
     """SIGKILL the Celery worker while lines run; a new worker (woken by the sweeper once
     the dead one's leases run out) finishes the batch: every line once, ledger = output."""
+    # Leases and run times of seconds: the dead worker's claims and its run task run out
+    # soon after the kill (by default a run task is trusted for two minutes).
     stack = stack_factory(
-        serving_db_url, name="batch-kill", extra_env={"INFERPLANE_BATCH_LEASE_SECONDS": "5"}
+        serving_db_url,
+        name="batch-kill",
+        extra_env={
+            "INFERPLANE_BATCH_LEASE_SECONDS": "5",
+            "INFERPLANE_BATCH_RUN_SECONDS": "5",
+            "INFERPLANE_BATCH_RUN_GRACE_SECONDS": "5",
+        },
     )
     tenant, key = _tenant()
     client = openai.OpenAI(api_key=key, base_url=stack.url + "/v1", max_retries=0)
@@ -91,16 +110,97 @@ def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(
     assert Line.objects.filter(batch_id=created.id, attempts__gt=1).exists()  # some ran again
 
 
+def test_a_spot_engine_that_hangs_mid_batch_hands_its_lines_on(
+    transactional_db: None,
+    engine: Engine,
+    second_engine: Engine,
+    serving_db_url: str,
+    stack_factory: Any,
+) -> None:
+    """One of the spot pool's two engines hangs (SIGSTOP: it keeps its connections open and
+    says nothing, like a frozen VM) while lines run on it. A line's answer comes whole, so no
+    token's silence gives the hang away: the health probe marks the replica down, and the
+    lines waiting on it move to the other replica at once, long before the whole-answer
+    bound (set here far beyond the test's patience). Every line once, ledger = output."""
+    frozen = second_engine
+    try:
+        world_rows([engine])
+        pool = pool_ensure(
+            name="spot",
+            kind="spot",
+            model=Model.objects.get(name="tiny-chat"),
+            replica_urls=[frozen.url, engine.url],
+        )
+        Pool.objects.filter(pk=pool.pk).update(max_inflight=2)
+        for replica in pool.replicas.all():
+            replica_probe(replica=replica)
+        catalog_publish()
+        stack = stack_factory(
+            serving_db_url,
+            name="batch-hang",
+            extra_env={
+                "INFERPLANE_PROBE_INTERVAL_SECONDS": "2",
+                "INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS": "3600",
+            },
+        )
+        tenant, key = _tenant()
+        client = openai.OpenAI(api_key=key, base_url=stack.url + "/v1", max_retries=0)
+        n = 24
+        # Each line's own prompt: prefix-affine routing spreads them over both replicas from
+        # the start (one shared prompt would send them all to one replica while it has room).
+        lines = [
+            _line(f"h{i}", content=f"Line {i}: say hello.", max_tokens=256, ignore_eos=True)
+            for i in range(n)
+        ]
+        created = _create(client, _upload(client, lines))
+        hung = Replica.objects.get(pool__name="spot", url=frozen.url)
+        # The replica stops while it runs a line: watched on the engine itself, which says
+        # so as soon as it runs one (most of the batch is then still to run).
+        wait_for(
+            lambda: engine_counters(frozen)["vllm:num_requests_running"] >= 1,
+            timeout=120,
+            every=0.02,
+        )
+        os.killpg(frozen.process.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        left = Line.objects.filter(
+            batch_id=created.id, state__in=[Line.State.PENDING, Line.State.RUNNING]
+        ).count()
+        assert left >= 4, f"only {left} lines were left when the replica stopped"
+        batch = _until(client, created.id, _finished, timeout=240)
+        waited = time.monotonic() - stopped_at
+    finally:
+        os.killpg(frozen.process.pid, signal.SIGCONT)  # the next test kills it
+    assert batch.status == "completed", batch
+    assert batch.request_counts.model_dump() == {"total": n, "completed": n, "failed": 0}
+    assert waited < 240
+    output = _content(client, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(f"h{i}" for i in range(n))
+    ledger = UsageRecord.objects.filter(tenant=tenant)
+    assert sorted(ledger.values_list("request_id", flat=True)) == sorted(
+        o["response"]["request_id"] for o in output
+    )
+    # The lines that were on the hung replica finished on the other one: moved there at once
+    # (the record says why), or put back and claimed again when the other one was full.
+    moved = ledger.filter(error__contains="went down while answering")
+    assert not moved.filter(replica=hung.name).exists()
+    assert moved.exists() or Line.objects.filter(batch_id=created.id, attempts__gt=1).exists()
+    assert Replica.objects.get(pk=hung.pk).state == Replica.State.DOWN
+
+
 def test_a_spot_engine_killed_mid_batch_costs_a_retry_not_a_line(
-    transactional_db: None, engine: Engine, serving_db_url: str, stack_factory: Any
+    transactional_db: None,
+    engine: Engine,
+    second_engine: Engine,
+    serving_db_url: str,
+    stack_factory: Any,
 ) -> None:
     """The batch pool's only engine dies like a lost spot VM (SIGKILL) while lines run; then
     an operator adds a replica (``manage.py replica add``). The lines that were in flight are
     requeued, not failed, and everything left runs on the new replica: every line once,
     ledger = output."""
-    doomed = engine_start()
+    doomed = second_engine
     try:
-        doomed.wait_ready()
         world_rows([engine])
         pool = pool_ensure(
             name="spot",
@@ -145,75 +245,3 @@ def test_a_spot_engine_killed_mid_batch_costs_a_retry_not_a_line(
     new = Replica.objects.get(pool__name="spot", url=engine.url)
     assert ledger.filter(replica=new.name).exists()  # the requeued lines ran on the new one
     assert Line.objects.filter(batch_id=created.id, attempts__gt=1).exists()
-
-
-def test_a_spot_engine_that_hangs_mid_batch_hands_its_lines_on(
-    transactional_db: None, engine: Engine, serving_db_url: str, stack_factory: Any
-) -> None:
-    """One of the spot pool's two engines hangs (SIGSTOP: it keeps its connections open and
-    says nothing, like a frozen VM) while lines run on it. A line's answer comes whole, so no
-    token's silence gives the hang away: the health probe marks the replica down, and the
-    lines waiting on it move to the other replica at once, long before the whole-answer
-    bound (set here far beyond the test's patience). Every line once, ledger = output."""
-    frozen = engine_start()
-    try:
-        frozen.wait_ready()
-        world_rows([engine])
-        pool = pool_ensure(
-            name="spot",
-            kind="spot",
-            model=Model.objects.get(name="tiny-chat"),
-            replica_urls=[frozen.url, engine.url],
-        )
-        Pool.objects.filter(pk=pool.pk).update(max_inflight=2)
-        for replica in pool.replicas.all():
-            replica_probe(replica=replica)
-        catalog_publish()
-        stack = stack_factory(
-            serving_db_url,
-            name="batch-hang",
-            extra_env={
-                "INFERPLANE_PROBE_INTERVAL_SECONDS": "2",
-                "INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS": "3600",
-            },
-        )
-        tenant, key = _tenant()
-        client = openai.OpenAI(api_key=key, base_url=stack.url + "/v1", max_retries=0)
-        n = 24
-        lines = [_line(f"h{i}", max_tokens=256, ignore_eos=True) for i in range(n)]
-        created = _create(client, _upload(client, lines))
-        hung = Replica.objects.get(pool__name="spot", url=frozen.url)
-        # Lines have run on both replicas: the hung one holds two when it stops. Watched in
-        # the database itself, finely: through the API's half-second polls a fast engine had
-        # finished the whole batch before the first line on the hung replica was seen.
-        wait_for(
-            lambda: UsageRecord.objects.filter(tenant=tenant, replica=hung.name).exists(),
-            timeout=120,
-            every=0.02,
-        )
-        os.killpg(frozen.process.pid, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        left = Line.objects.filter(
-            batch_id=created.id, state__in=[Line.State.PENDING, Line.State.RUNNING]
-        ).count()
-        assert left >= 4, f"only {left} lines were left when the replica stopped"
-        batch = _until(client, created.id, _finished, timeout=240)
-        waited = time.monotonic() - stopped_at
-    finally:
-        os.killpg(frozen.process.pid, signal.SIGCONT)
-        frozen.stop()
-    assert batch.status == "completed", batch
-    assert batch.request_counts.model_dump() == {"total": n, "completed": n, "failed": 0}
-    assert waited < 240
-    output = _content(client, batch.output_file_id)
-    assert sorted(o["custom_id"] for o in output) == sorted(f"h{i}" for i in range(n))
-    ledger = UsageRecord.objects.filter(tenant=tenant)
-    assert sorted(ledger.values_list("request_id", flat=True)) == sorted(
-        o["response"]["request_id"] for o in output
-    )
-    # The lines that were on the hung replica finished on the other one: moved there at once
-    # (the record says why), or put back and claimed again when the other one was full.
-    moved = ledger.filter(error__contains="went down while answering")
-    assert not moved.filter(replica=hung.name).exists()
-    assert moved.exists() or Line.objects.filter(batch_id=created.id, attempts__gt=1).exists()
-    assert Replica.objects.get(pk=hung.pk).state == Replica.State.DOWN

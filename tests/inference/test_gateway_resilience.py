@@ -79,7 +79,10 @@ def test_hot_path_needs_no_database_and_usage_survives_an_outage(
     _lockout(True)
     served = 0
     outage_started = time.monotonic()
-    while time.monotonic() - outage_started < 30:  # Postgres away for 30 s
+    # Postgres away for 10 s: twice the longest period of the stack's own periodic work
+    # (beat's tasks run every 1-5 s, the probes every 2 s here), each of which would have
+    # touched it.
+    while time.monotonic() - outage_started < 10:
         client.models.list()
         client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=3)
         list(
@@ -170,7 +173,7 @@ def test_the_gateway_outlives_a_postgres_restart(engine: Engine, stack_factory: 
             reply = stack.openai(key).chat.completions.create(
                 model="tiny-chat", messages=CHAT, max_tokens=2
             )
-            assert reply.choices[0].finish_reason in ("length", "stop")
+            assert reply.choices[0].finish_reason == "length"
     with web_log.open("rb") as f:
         f.seek(log_start)
         assert b"unexpected error" not in f.read()
@@ -244,7 +247,7 @@ def test_a_silent_engine_holds_nothing(
                     range(2),
                 )
             )
-        assert all(r.choices[0].finish_reason in ("length", "stop") for r in replies)
+        assert all(r.choices[0].finish_reason == "length" for r in replies)
         records = wait_for(lambda: len(r := world.records(tenant=tenant)) == 2 and r)
         assert {r.status for r in records} == {"ok"}
         assert {r.replica for r in records} == {world.pool().replicas.get(url=engine.url).name}
@@ -292,7 +295,7 @@ def test_a_silent_engine_holds_nothing(
         # Meanwhile the others' requests go to the replica that answers.
         for _ in range(2):
             reply = client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=2)
-            assert reply.choices[0].finish_reason in ("length", "stop")
+            assert reply.choices[0].finish_reason == "length"
         records = wait_for(lambda: len(r := world.records(tenant=tenant)) == 5 and r)
         cut = next(r for r in records if r.status == "error")
         assert cut.replica == spare.name and 0 < cut.completion_tokens < 600  # metered
@@ -459,7 +462,7 @@ def test_engine_killed_mid_stream(engine: Engine, spare_engine: Engine, stack_fa
         reply = stack.openai(key).chat.completions.create(
             model="tiny-chat", messages=CHAT, max_tokens=2
         )
-        assert reply.choices[0].finish_reason in ("length", "stop")
+        assert reply.choices[0].finish_reason == "length"
     records = wait_for(lambda: len(r := list(UsageRecord.objects.filter(tenant=tenant))) == 5 and r)
     engine_name = world.pool().replicas.get(url=engine.url).name
     assert all(r.replica == engine_name for r in records if r.status == "ok")

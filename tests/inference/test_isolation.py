@@ -11,6 +11,7 @@ import pytest
 
 from bench.harness import percentile
 from tests.engines import ENGINE_HEADERS
+from tests.live import engine_counters, wait_for
 from tests.serving import World
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
@@ -65,7 +66,12 @@ def test_short_requests_beside_long_streams_cost_about_what_they_cost_direct(
         for thread in threads:
             thread.start()
         try:
-            time.sleep(2)  # the long streams are past their prefill
+            # The two long streams are past their prefill: the engine runs them.
+            wait_for(
+                lambda: engine_counters(world.engines[0])["vllm:num_requests_running"] >= 2,
+                timeout=60,
+                every=0.05,
+            )
             for i in range(40):
                 for name in list(targets) if i % 2 else reversed(list(targets)):
                     url, headers = targets[name]

@@ -23,7 +23,7 @@ from inference.models import Model, Pool
 from inference.services import replica_probe
 from tenants.models import Adapter, Role, Tenant
 from tests.conftest import client_for
-from tests.engines import ENGINE_HEADERS, Engine, engine_start
+from tests.engines import ENGINE_HEADERS, Engine
 from tests.factories import MembershipFactory, UserFactory
 from tests.live import Stack, stack_start, wait_for
 from tests.serving import World, world_rows
@@ -31,14 +31,6 @@ from tests.serving import World, world_rows
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
 PROMPT = "Hello there"
-
-
-@pytest.fixture(scope="module")
-def lora_engine() -> Iterator[Engine]:
-    started = engine_start("--enable-lora", "--max-lora-rank", "8", "--max-loras", "1")
-    started.wait_ready()
-    yield started
-    started.stop()
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +167,7 @@ def test_an_adapter_is_served_to_its_tenant_only(lora_world: LoraWorld) -> None:
 def test_one_slot_evicts_the_least_recently_used_and_reloads_it(lora_world: LoraWorld) -> None:
     tenant, key = lora_world.tenant()
     lora_world.adapter(tenant, "one", WEIGHTS)
-    lora_world.adapter(tenant, "two", scaled_weights(WEIGHTS, -3))
+    lora_world.adapter(tenant, "two", safetensors(lora_tensors(), variant=1))
     one, two = f"{tenant.slug}/one", f"{tenant.slug}/two"
     wait_for(lambda: {one, two} <= lora_world.models(key))
     before = lora_world.loads()
