@@ -3,7 +3,8 @@ designs it): every chat answer is ``CYCLE`` over and over, one word a token, eac
 space; a completions prompt ending in a word of either cycle continues that cycle; ``" end"``
 is followed by the end of the answer.
 
-The lists are read from the generator itself, so the model and the tests cannot disagree."""
+The lists are read from the generator itself; ``make`` regenerates the model whenever the
+generator changes (it is the model's dependency), so the two agree."""
 
 from __future__ import annotations
 

@@ -24,14 +24,15 @@ are zero, so neither layer changes the residual stream and each position's logit
 its own token alone: batching, ``n > 1``, chunked prefill, the prefix cache and the position
 cannot change the answer. ``lm_head`` row ``j`` reads the vectors of the tokens ``j``
 follows, so the successor's logit is ``MARGIN`` (40) above every other token's 0: greedy
-decoding, and sampling at any ordinary temperature (the chance of another token at
-temperature 1 is ~1e-15 per token), follow the script. Temperatures of 10 and more give
-varied text.
+decoding, and sampling at any temperature vLLM accepts (at most 2: the chance of another
+token is then ~1e-6 per token), follow the script. Request options that change logits or
+the prompt's end do change it (``logit_bias``, penalties, ``continue_final_message``).
 
 **LoRA.** Attention's output projections are random: the base model's values are zero, so
-they add nothing, but an adapter on ``v_proj`` (or ``q_proj``) makes values, and its output
-then dominates the residual stream. An adapter changes the answer, and two adapters whose
-weights point different ways (not one the other scaled) give different answers.
+they add nothing, but an adapter on ``v_proj`` makes values, and its output then dominates
+the residual stream (one on ``q_proj`` alone changes nothing: the values stay zero). An
+adapter changes the answer, and two adapters whose weights point different ways (not one
+the other scaled) give different answers.
 
 Runs inside the engine virtualenv (it needs torch and transformers); the web app never
 imports torch (``devkit.tiny_model`` reads the constants only).

@@ -40,10 +40,8 @@ contract.install()
 
 # The tests' groups (tests/README.md), marked by the fixtures they use, so that no test can be
 # put in the wrong one: ``engine`` starts or needs a vLLM engine, ``stack`` a live stack
-# (uvicorn, Celery worker and beat as processes). ``make test-quick`` runs neither.
-ENGINE_FIXTURES = frozenset(
-    {"engine", "guard_engine", "lora_engine", "spare_engine", "second_engine"}
-)
+# (uvicorn, Celery worker and beat as processes). ``make test-quick`` runs neither. Every
+# fixture that gives a test an engine is named ``engine`` or ``*_engine``.
 STACK_FIXTURES = frozenset({"serving_db_url", "stack_factory"})
 
 
@@ -51,18 +49,26 @@ STACK_FIXTURES = frozenset({"serving_db_url", "stack_factory"})
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
-        if names & ENGINE_FIXTURES:
+        if any(name == "engine" or name.endswith("_engine") for name in names):
             item.add_marker(pytest.mark.engine)
         if names & STACK_FIXTURES:
             item.add_marker(pytest.mark.stack)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The session engines the selected tests use start together (tests/engines.py)."""
+    """The engines the selected tests use start together (tests/engines.py)."""
     from tests import engines
 
     for item in session.items:
-        engines.wanted |= set(getattr(item, "fixturenames", ())) & set(engines.SESSION_ENGINES)
+        engines.wanted |= set(getattr(item, "fixturenames", ())) & set(engines.STARTERS)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An engine started with the others but never taken (its tests were not reached: -x, a
+    failure in set-up, Ctrl-C) is stopped too: each runs in a session of its own."""
+    from tests import engines
+
+    engines.stop_all()
 
 
 @pytest.fixture(autouse=True)

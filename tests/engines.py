@@ -109,27 +109,43 @@ def guard_engine_start(port: int | None = None) -> Engine:
     return Engine(port=port, process=process, log_path=log_path)
 
 
-# The session's engines, started together: each takes ~30-60 s to start, most of it
-# single-threaded Python; three at once on two cores take about as long as two one after
-# another. ``tests/conftest.py`` names the ones the selected tests use (``wanted``); the first
-# of them a test asks for starts them all, the others are then ready or nearly.
-SESSION_ENGINES: dict[str, Callable[[], Engine]] = {
+# The engines a session needs, started together: each takes ~30-60 s to start, most of it
+# single-threaded Python, so on two cores several at once take about half as long as one
+# after another (and an idle engine costs no CPU; ~2 GiB of memory each). The session's own
+# (``engine``, ``guard_engine``, ``lora_engine``) live until the end; the spare ones are
+# taken by the one module that hangs and kills them (``take_spare``). ``tests/conftest.py``
+# names the ones the selected tests use (``wanted``): the first of them a test asks for
+# starts them all.
+STARTERS: dict[str, Callable[[], Engine]] = {
     "engine": engine_start,
     "guard_engine": guard_engine_start,
     "lora_engine": lambda: engine_start(
         "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"
     ),
+    "spare_engine": engine_start,
+    "second_engine": engine_start,
 }
 wanted: set[str] = set()
 _started: dict[str, Engine] = {}
 
 
-def _session_engine(name: str) -> Iterator[Engine]:
+def started_engine(name: str) -> Engine:
+    """The engine ``name`` of ``STARTERS``, ready; every wanted one is started with it."""
     for other in sorted(wanted | {name}):
         if other not in _started:
-            _started[other] = SESSION_ENGINES[other]()
-    started = _started[name]
-    started.wait_ready()
+            _started[other] = STARTERS[other]()
+    engine = _started[name]
+    engine.wait_ready()
+    return engine
+
+
+def stop_all() -> None:
+    for started in _started.values():
+        started.stop()
+
+
+def _session_engine(name: str) -> Iterator[Engine]:
+    started = started_engine(name)
     yield started
     started.stop()
 

@@ -1,6 +1,7 @@
 """A serving world for gateway tests: the tiny model, an online pool on real engines, a
-live stack (one for the session: a stack takes ~7 s to start, and every module shared one
-already), and tenants with keys.
+live stack (module-scoped: every stack's Celery worker takes tasks from the one broker, so a
+stack left running would take the tasks meant for another module's stack), and tenants with
+keys.
 
 These tests use ``transactional_db``: rows are committed, so the live processes see them,
 and every table is emptied after each test. The world's rows are (re)created per test.
@@ -62,7 +63,7 @@ def world_rows(engines: list[Engine], **pool_settings: Any) -> None:
     time.sleep(1.1)  # the live web processes refresh their catalog copy when told
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gateway_stack(serving_db_url: str) -> Iterator[Stack]:
     stack = stack_start(serving_db_url, name="gateway")
     yield stack

@@ -238,10 +238,14 @@ class Lifecycle:
         await asyncio.shield(self._settle(cancelled=gone))
 
     async def _settle(self, *, cancelled: bool) -> None:
-        if cancelled or self.call.state is State.FILTERED:
-            await self.relay.drain()
-        await self.relay.close()
-        await finish(self.call, cancelled=cancelled)
+        try:
+            if cancelled or self.call.state is State.FILTERED:
+                await self.relay.drain()
+        finally:  # whatever the drain met, the call is metered and what it holds released
+            try:
+                await self.relay.close()
+            finally:
+                await finish(self.call, cancelled=cancelled)
 
 
 def _note_finished(chunks: list[dict[str, Any]], finished: set[int]) -> None:

@@ -69,8 +69,11 @@ MAX_ATTEMPTS = 3
 RETRY_PAUSE_SECONDS = 0.2
 DRAIN_IDLE_SECONDS = 0.05
 DRAIN_CAP_SECONDS = 0.25
-# After the engine confirmed an abort: how long its last events (each sequence's
-# finish_reason "abort", then the usage of all it generated) may take to arrive.
+# After the engine took an abort: its last events (each sequence's finish_reason "abort",
+# then the usage of all it generated) come within milliseconds. A pause of ABORTED_IDLE
+# means it is not stopping them (ids it did not know: vLLM answers 200 to any), and the
+# connection is closed, which aborts them; the whole wait is bounded by ABORTED_CAP.
+ABORTED_IDLE_SECONDS = 1.0
 ABORTED_CAP_SECONDS = 5.0
 ABORT_ASK_SECONDS = 1.0
 WATCH_SECONDS = 1.0  # how often a wait for a whole answer looks at its replica's health
@@ -849,15 +852,16 @@ class Relay:
         """
         if self.batches is None or self.read_to_end:
             return
-        if self.first is not None:  # never relayed: its counts are the engine's too
-            batch, self.first = self.first, None
-            if self._count_raw(batch):
-                return
-        idle, cap = DRAIN_IDLE_SECONDS, DRAIN_CAP_SECONDS
-        if await self._abort():
-            idle = cap = ABORTED_CAP_SECONDS
-        deadline = time.perf_counter() + cap
         try:
+            if self.first is not None:  # never relayed: its counts are the engine's too
+                batch, self.first = self.first, None
+                if self._count_raw(batch):
+                    self.read_to_end = True
+                    return
+            idle, cap = DRAIN_IDLE_SECONDS, DRAIN_CAP_SECONDS
+            if await self._abort():
+                idle, cap = ABORTED_IDLE_SECONDS, ABORTED_CAP_SECONDS
+            deadline = time.perf_counter() + cap
             while (remaining := deadline - time.perf_counter()) > 0:
                 batch = await asyncio.wait_for(anext(self.batches), timeout=min(idle, remaining))
                 if self._count_raw(batch):

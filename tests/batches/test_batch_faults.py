@@ -24,7 +24,7 @@ from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create
 from tests.batches.test_batches import _content, _create, _finished, _line, _until, _upload
 from tests.conftest import run_manage
-from tests.engines import Engine, engine_start
+from tests.engines import Engine, engine_start, started_engine
 from tests.live import engine_counters, wait_for, worker_start
 from tests.serving import world_rows
 
@@ -53,13 +53,21 @@ def spot_rows(transactional_db: None, engine: Engine) -> None:
 
 
 @pytest.fixture(scope="module")
-def second_engine() -> Iterator[Engine]:
-    """One engine more for this module's engine faults: hung (and let go) by the first test
-    that takes it, killed by the second (one start for both)."""
-    started = engine_start()
-    started.wait_ready()
-    yield started
-    started.stop()
+def spare() -> Iterator[list[Engine]]:
+    """One engine more for this module's engine faults, started with the session's engines:
+    the hang test lets it go again, so the kill test can kill the same one (one start for
+    both); a test that finds it killed (run in another order) starts a new one."""
+    held = [started_engine("second_engine")]
+    yield held
+    held[0].stop()
+
+
+@pytest.fixture
+def second_engine(spare: list[Engine]) -> Engine:
+    if spare[0].process.poll() is not None:
+        spare[0] = engine_start()
+        spare[0].wait_ready()
+    return spare[0]
 
 
 def _tenant(**limits: int | None) -> tuple[Tenant, str]:

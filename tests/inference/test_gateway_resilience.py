@@ -26,7 +26,7 @@ from billing.spool import spool_length
 from inference.catalog import catalog_publish
 from inference.models import Pool, Replica
 from inference.services import pool_configure, replica_probe, replica_set_state
-from tests.engines import LOG_DIR, Engine, engine_start, free_port
+from tests.engines import LOG_DIR, Engine, free_port, started_engine
 from tests.live import settled_counters, wait_for
 from tests.serving import World, world_rows
 
@@ -184,9 +184,8 @@ def test_the_gateway_outlives_a_postgres_restart(engine: Engine, stack_factory: 
 
 @pytest.fixture(scope="module")
 def spare_engine() -> Iterator[Engine]:
-    """A second replica, for this module to kill."""
-    started = engine_start()
-    started.wait_ready()
+    """A second replica, for this module to kill (started with the session's engines)."""
+    started = started_engine("spare_engine")
     yield started
     started.stop()
 

@@ -1,6 +1,7 @@
-"""Tenants' LoRA adapters served through the gateway on a real vLLM CPU engine started with
-``--max-loras 1``: uploaded through the API, validated by the stack's Celery worker, loaded on
-demand, evicted and reloaded, rediscovered, unloaded on delete — and nobody else's."""
+"""Tenants' LoRA adapters served through the gateway on the session's real vLLM CPU engine
+with LoRA on, its pool holding one adapter at a time (``max_loras`` 1): uploaded through the
+API, validated by the stack's Celery worker, loaded on demand, evicted and reloaded,
+rediscovered, unloaded on delete — and nobody else's."""
 
 from __future__ import annotations
 
