@@ -24,7 +24,7 @@ TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
 export INFERPLANE_CACHE := $(CACHE)
 export ENGINE_PYTHON MODEL_DIR GUARD_MODEL_DIR
 
-.PHONY: help setup run test test-quick lint typecheck imports migrations pytest bench clean engine model guard venv browser promtool lock
+.PHONY: help setup run test test-groups test-quick lint typecheck imports migrations pytest bench clean engine model guard venv browser promtool lock
 
 help:
 	@echo "make run    - set up and run the platform (web :8000, engines :8101/:8102, worker, beat)"
@@ -135,11 +135,17 @@ $(PROMTOOL):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
 
-# --durations=30: every run reports where its time went (tests/README.md).
+# One pytest, for a file, a test or a group (tests/README.md); --durations=30: every run
+# reports where its time went.
 pytest: setup browser promtool
 	CHROMIUM=$(CHROMIUM) DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest --durations=30 $(PYTEST_ARGS)
 
-test: lint typecheck imports migrations pytest
+# The whole suite as three groups side by side, each with a database, a Redis database and a
+# var/ of its own (devkit/test_groups.py); it prints the run's 30 slowest tests.
+test-groups: setup browser promtool
+	CHROMIUM=$(CHROMIUM) DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m devkit.test_groups $(PYTEST_ARGS)
+
+test: lint typecheck imports migrations test-groups
 
 # No engine, no live stack, no browser (the markers are tests/README.md's groups).
 test-quick: lint typecheck imports migrations venv promtool

@@ -20,7 +20,7 @@ def guard_model_dir() -> str:
     return os.environ.get("GUARD_MODEL_DIR", f"{cache}/models/tiny-guard-v1")
 
 
-def guard_engine_command(port: int) -> str:
+def guard_engine_command(port: int, *extra_args: str) -> str:
     """The guard engine's command, as the Procfile's ``engine-guard`` line runs it."""
     env = shlex.join([f"MODEL_DIR={guard_model_dir()}", "SERVED_MODEL_NAME=tiny-guard"])
-    return f"env {env} {engine_command(port)}"
+    return f"env {env} {engine_command(port, *extra_args)}"

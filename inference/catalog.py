@@ -30,7 +30,7 @@ from contract import (
     catalog_decoder,
     encode,
 )
-from controlplane.redis import redis_sync
+from controlplane.redis import channel, redis_sync
 from inference.models import Model, ModelRoute, Pool, Replica
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def _publish_adapters(client: Any, catalog: Catalog) -> None:
     tenants = [*changed, *gone]
     which = ",".join(tenants) if len(tenants) <= ANNOUNCE_TENANTS else "*"
     try:
-        client.publish(CATALOG_CHANNEL, f"a:{serial}:{which}")
+        client.publish(channel(CATALOG_CHANNEL), f"a:{serial}:{which}")
     except RedisError:
         log.warning("could not announce the adapters that changed", exc_info=True)
 
@@ -187,7 +187,7 @@ def catalog_publish() -> Catalog:
         version = client.incr(CATALOG_VERSION_KEY)
         # A lost announcement only waits for the gateways' next look at the version.
         try:
-            client.publish(CATALOG_CHANNEL, version)
+            client.publish(channel(CATALOG_CHANNEL), version)
         except RedisError:
             log.warning("could not announce the catalog's new version", exc_info=True)
     return catalog

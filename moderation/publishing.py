@@ -9,7 +9,7 @@ import time
 
 import msgspec
 
-from controlplane.redis import redis_sync
+from controlplane.redis import channel, redis_sync
 from moderation.models import ModerationPolicy
 from moderation.policy import CategoryRule, PolicySpec, Snapshot
 
@@ -64,6 +64,6 @@ def policies_publish() -> tuple[int, Snapshot]:
         pipe = client.pipeline(transaction=True)
         pipe.set(POLICIES_KEY, encoded)
         pipe.set(VERSION_KEY, version)
-        pipe.publish(CHANNEL, version)  # the gateways look at the version when told
+        pipe.publish(channel(CHANNEL), version)  # the gateways look at the version when told
         pipe.execute()
     return version, snapshot

@@ -18,12 +18,20 @@ import pytest
 from devkit.engines import engine_command, guard_engine_command
 
 ROOT = Path(__file__).resolve().parent.parent
-LOG_DIR = ROOT / "var" / "test-logs"
+# Each group of ``make test`` logs to a folder of its own (devkit/test_groups.py).
+LOG_DIR = Path(os.environ.get("INFERPLANE_TEST_LOG_DIR", ROOT / "var" / "test-logs"))
 # The tests' engines require an API key, as deployed engines do: tests/conftest.py gives it
 # to the test process's settings, tests.live to the live stacks.
 ENGINE_API_KEY = "inferplane-test-engine-key"
 ENGINE_HEADERS = {"authorization": f"Bearer {ENGINE_API_KEY}"}
 START_TIMEOUT = float(os.environ.get("ENGINE_START_TIMEOUT", "300"))
+# The tests' engines run eagerly: ``--enforce-eager`` skips vLLM's torch.compile warm-up, most
+# of an engine's start on the CPU build (measured: ready in 33 s, against 55 s with vLLM's
+# compile cache warm and 100 s cold; and several compiling at once on two cores thrash). The
+# price is a slower single stream (128 tokens in 0.5 s against 0.24 s; the same at 64
+# streams). The model, scheduler, KV cache and API server are the same; nothing a test checks
+# depends on the compiled graph. ``make run`` and the benchmarks keep vLLM's default.
+TEST_ENGINE_ARGS = ("--enforce-eager",)
 
 
 def free_port() -> int:
@@ -95,7 +103,7 @@ def engine_start(*extra_args: str, port: int | None = None) -> Engine:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log_path = LOG_DIR / f"engine-{port}.log"
     with log_path.open("wb") as log:
-        process = engine_popen(engine_command(port, *extra_args), log)
+        process = engine_popen(engine_command(port, *TEST_ENGINE_ARGS, *extra_args), log)
     return Engine(port=port, process=process, log_path=log_path, extra_args=extra_args)
 
 
@@ -105,17 +113,17 @@ def guard_engine_start(port: int | None = None) -> Engine:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log_path = LOG_DIR / f"guard-engine-{port}.log"
     with log_path.open("wb") as log:
-        process = engine_popen(guard_engine_command(port), log)
+        process = engine_popen(guard_engine_command(port, *TEST_ENGINE_ARGS), log)
     return Engine(port=port, process=process, log_path=log_path)
 
 
-# The engines a session needs, started together: each takes ~30-60 s to start, most of it
-# single-threaded Python, so on two cores several at once take about half as long as one
-# after another (and an idle engine costs no CPU; ~2 GiB of memory each). The session's own
-# (``engine``, ``guard_engine``, ``lora_engine``) live until the end; the spare ones are
-# taken by the one module that hangs and kills them (``take_spare``). ``tests/conftest.py``
-# names the ones the selected tests use (``wanted``): the first of them a test asks for
-# starts them all.
+# The engines a session needs. The session's own (``engine``, ``guard_engine``,
+# ``lora_engine``) are started together, when the first of them a selected test uses is asked
+# for, and live until the end: most of a start is single-threaded Python, so on two cores three
+# at once take less than three one after another (an idle engine costs no CPU; ~2 GiB of
+# memory each). The spare ones, which one module each hangs and kills, start when that module
+# asks: five starts at once thrash (tests/README.md). ``tests/conftest.py`` names the ones the
+# selected tests use (``wanted``).
 STARTERS: dict[str, Callable[[], Engine]] = {
     "engine": engine_start,
     "guard_engine": guard_engine_start,
@@ -125,13 +133,15 @@ STARTERS: dict[str, Callable[[], Engine]] = {
     "spare_engine": engine_start,
     "second_engine": engine_start,
 }
+TOGETHER = frozenset({"engine", "guard_engine", "lora_engine"})
 wanted: set[str] = set()
 _started: dict[str, Engine] = {}
 
 
 def started_engine(name: str) -> Engine:
-    """The engine ``name`` of ``STARTERS``, ready; every wanted one is started with it."""
-    for other in sorted(wanted | {name}):
+    """The engine ``name`` of ``STARTERS``, ready; the session's wanted ones start with it."""
+    together = (wanted & TOGETHER) | {name} if name in TOGETHER else {name}
+    for other in sorted(together):
         if other not in _started:
             _started[other] = STARTERS[other]()
     engine = _started[name]

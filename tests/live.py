@@ -116,14 +116,14 @@ def stack_start(
         for proc_name, process in stack.processes.items():
             if process.poll() is not None:
                 stack.stop()
-                pytest.fail(f"{proc_name} exited; see var/test-logs/{name}-{proc_name}.log")
+                pytest.fail(f"{proc_name} exited; see {LOG_DIR}/{name}-{proc_name}.log")
         try:
             if httpx.get(f"{stack.url}/healthz", timeout=1).status_code == 200:
                 return stack
         except httpx.HTTPError:
             time.sleep(0.2)
     stack.stop()
-    pytest.fail(f"web server did not start; see var/test-logs/{name}-web.log")
+    pytest.fail(f"web server did not start; see {LOG_DIR}/{name}-web.log")
 
 
 def worker_start(stack: Stack, name: str) -> subprocess.Popen[bytes]:

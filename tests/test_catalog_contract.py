@@ -22,13 +22,20 @@ from contract import (
     encode,
     price_in_force,
 )
-from controlplane.redis import redis_sync
+from controlplane.redis import channel, redis_sync
 from inference.api.catalog import CatalogView
-from inference.catalog import CATALOG_KEY, CATALOG_VERSION_KEY, catalog_build, catalog_publish
+from inference.catalog import (
+    CATALOG_CHANNEL,
+    CATALOG_KEY,
+    CATALOG_VERSION_KEY,
+    catalog_build,
+    catalog_publish,
+)
 from inference.models import Model
 from inference.services import model_ensure, pool_ensure
 from tenants.models import Adapter, Tenant
 from tests.factories import TenantFactory
+from tests.live import wait_for
 
 ACME, GLOBEX = 1, 2
 
@@ -281,3 +288,21 @@ def test_a_missed_announcement_of_adapters_drops_every_part() -> None:
 
     dropped, kept = asyncio.run(gap())
     assert dropped and kept
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deployment_in_another_redis_database_is_not_heard() -> None:
+    """Pub/sub channels belong to the whole Redis server, not to a database: a publish of
+    this deployment reaches a subscriber to its channel, and a deployment in another database
+    of the same server (a staging stack, another group of make test) announces on another."""
+    listener = redis_sync().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    listener.subscribe(channel(CATALOG_CHANNEL))
+    db = redis_sync().connection_pool.connection_kwargs["db"]
+    assert channel(CATALOG_CHANNEL) == f"{CATALOG_CHANNEL}:db{db}"
+    try:
+        model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
+        catalog_publish()
+        message = wait_for(lambda: listener.get_message(timeout=1), timeout=10)
+        assert message["channel"] == channel(CATALOG_CHANNEL).encode()
+    finally:
+        listener.close()

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
 
+from controlplane.redis import channel
 from inference.api.redis import redis_async
 
 log = logging.getLogger(__name__)
@@ -27,20 +28,20 @@ RETRY_SECONDS = 1.0  # after a failed look or a lost subscription
 
 
 async def watch_forever(
-    channel: str,
+    name: str,
     look: Callable[[list[bytes]], Awaitable[None]],
     *,
     quiet_seconds: Callable[[], float],
     what: str,
 ) -> None:
-    """Call ``look`` once subscribed, on every message (a burst makes one look, given all
-    its messages' data) and after ``quiet_seconds()`` without one (given none). A failed
-    look or subscription is retried each second (the process keeps serving from what it
-    has)."""
+    """Subscribe to the channel ``name`` of this Redis database (``channel``); call
+    ``look`` once subscribed, on every message (a burst makes one look, given all its
+    messages' data) and after ``quiet_seconds()`` without one (given none). A failed look or
+    subscription is retried each second (the process keeps serving from what it has)."""
     while True:
         pubsub = redis_async().pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(channel)
+            await pubsub.subscribe(channel(name))
             await look([])  # what was published before the subscription took
             while True:
                 message = await pubsub.get_message(timeout=quiet_seconds())

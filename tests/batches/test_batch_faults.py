@@ -54,8 +54,8 @@ def spot_rows(transactional_db: None, engine: Engine) -> None:
 
 @pytest.fixture(scope="module")
 def spare() -> Iterator[list[Engine]]:
-    """One engine more for this module's engine faults, started with the session's engines:
-    the hang test lets it go again, so the kill test can kill the same one (one start for
+    """One engine more for this module's engine faults, started when the module asks: the
+    hang test lets it go again, so the kill test can kill the same one (one start for
     both); a test that finds it killed (run in another order) starts a new one."""
     held = [started_engine("second_engine")]
     yield held
