@@ -18,6 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from batches import files as file_services
 from batches import services
+from batches.asgi import bearer, missing_api_key
 from batches.models import Batch, File
 from inference.api.errors import ApiError, invalid_api_key, invalid_request
 from tenants.models import ApiKey
@@ -45,18 +46,12 @@ def v1(methods: set[str]) -> Callable[[Callable[..., HttpResponseBase]], View]:
         @csrf_exempt
         @functools.wraps(view)
         def call(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            header = request.headers.get("Authorization", "")
-            raw = header[7:].strip() if header.lower().startswith("bearer ") else ""
+            raw = bearer(request.headers.get("Authorization", ""))
             key = api_key_authenticate(raw_key=raw) if raw else None
             try:
                 if key is None:
                     if not raw:
-                        raise ApiError(
-                            401,
-                            "You didn't provide an API key. Send it as `Authorization: Bearer "
-                            "sk-…`.",
-                            code="missing_api_key",
-                        )
+                        raise missing_api_key()
                     raise invalid_api_key(raw)
                 if ApiKey.Scope.BATCH not in key.scopes:
                     raise ApiError(

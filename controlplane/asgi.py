@@ -19,6 +19,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from batches.asgi import KeyFirst  # noqa: E402
 from controlplane.bodylimit import BoundedBody  # noqa: E402
 from controlplane.metrics import MetricsConsumer  # noqa: E402
 from dashboard.consumers import OpsConsumer  # noqa: E402
@@ -38,13 +39,15 @@ dashboard_websockets = [
 
 # Django's app for every request the consumers do not take, bodies bounded first.
 django_bounded: Any = BoundedBody(django_asgi_app)  # type: ignore[arg-type]
+# The Files and Batch APIs: the key checked from the headers before that (batches.asgi).
+files_api: Any = KeyFirst(django_bounded)
 
 application = ProtocolTypeRouter(
     {
         "http": URLRouter(
             [
                 # The Files and Batch APIs are Django's (uploads spool to disk as they come).
-                re_path(r"^v1/(files|batches)(/|$)", django_bounded),
+                re_path(r"^v1/(files|batches)(/|$)", files_api),
                 path("v1/moderations", ModerationsConsumer.as_asgi()),
                 path("metrics", MetricsConsumer.as_asgi()),
                 *http_urlpatterns,

@@ -42,6 +42,7 @@ from inference.api.catalog import catalog_view
 from inference.api.errors import ApiError, invalid_request, model_not_found, overloaded
 from inference.api.lua import Batch
 from inference.api.responses import clean
+from inference.api.salt import cache_salt, salted_prefix
 from inference.api.schema import (
     ParsedRequest,
     check_content_parts,
@@ -359,6 +360,7 @@ async def prepare(
         request_id_var.set(rid)
     else:
         rid = request_id_new()
+    salt = cache_salt(key.tenant_id, parsed.body.get("cache_salt"))
     completion_estimate = parsed.sequences * (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
     rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=started_at.timestamp())
     grant = await limits.acquire(
@@ -375,7 +377,17 @@ async def prepare(
     )
     queued_at = time.perf_counter()
     try:
-        replica = await _admit(view, pool_name, pool_info, rid, key, parsed, grant, adapter)
+        replica = await _admit(
+            view,
+            pool_name,
+            pool_info,
+            rid,
+            key,
+            parsed,
+            grant,
+            adapter,
+            salted_prefix(salt, parsed.prefix_hash),
+        )
     except BaseException:
         await asyncio.shield(_release_quietly(grant))
         raise
@@ -402,6 +414,7 @@ async def prepare(
             parsed,
             served_name=adapter.engine_name if adapter else model.served_name,
             max_tokens=max_tokens,
+            cache_salt=salt,
             whole=whole,
         ),
         started_at=started_at,
@@ -441,7 +454,10 @@ async def _admit(
     parsed: ParsedRequest,
     grant: limits.Grant,
     adapter: Adapter | None,
+    prefix: str,
 ) -> str:
+    """Admitted to a replica of the pool; ``prefix``: the request's salted prefix hash, for
+    prefix-affine routing within the tenant's own cache partition."""
     for attempt in range(2):
         try:
             return await admission().admit(
@@ -450,7 +466,7 @@ async def _admit(
                 tenant=key.tenant_id,
                 weight=key.weight,
                 prompt_estimate=parsed.prompt_estimate,
-                prefix=parsed.prefix_hash,
+                prefix=prefix,
                 wait_seconds=pool.max_queue_wait_seconds,
                 limit_keys=grant.conc_keys,
                 limit_member=grant.member,

@@ -89,6 +89,8 @@ class SamplingParams(_Strict):
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    # Narrows the tenant's own prefix-cache partition (inference.api.salt), never widens it.
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
 
 class ContentPart(BaseModel):
@@ -255,14 +257,21 @@ def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
 
 
 def upstream_body(
-    parsed: ParsedRequest, *, served_name: str, max_tokens: int | None, whole: bool = False
+    parsed: ParsedRequest,
+    *,
+    served_name: str,
+    max_tokens: int | None,
+    cache_salt: str,
+    whole: bool = False,
 ) -> bytes:
     """What the engine is sent: a stream with per-chunk usage, so that every request
     (streamed or not, finished or cut off) is metered with the engine's own counts; or, with
     ``whole`` (a batch line, which nobody watches arrive), one non-streamed answer, whose
-    usage is the engine's counts too, at less work for the engine and for us."""
+    usage is the engine's counts too, at less work for the engine and for us. Always in the
+    tenant's prefix-cache partition (``cache_salt``: inference.api.salt)."""
     body = {k: v for k, v in parsed.body.items() if k not in DROPPED}
     body["model"] = served_name
+    body["cache_salt"] = cache_salt
     if whole:
         body["stream"] = False
     else:

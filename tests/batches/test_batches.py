@@ -7,6 +7,7 @@ the ledger equal to the output files."""
 from __future__ import annotations
 
 import io
+import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -464,3 +465,39 @@ def test_a_hostile_file_name_comes_back_quoted_in_the_download(spot: World) -> N
     kind, _, encoded = header.partition("; filename*=utf-8''")
     assert kind == "attachment" and encoded  # one parameter, RFC 5987-encoded
     assert not set(encoded) & set(' ";') and unquote(encoded) == stored
+
+
+def _upload_headers(port: int, authorization: str) -> bytes:
+    """Send only the headers of a 150 MB upload (not a byte of it), then read the answer."""
+    headers = (
+        "POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 150000000\r\n"
+        f"{authorization}\r\n"
+    )
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(headers.encode())
+        while chunk := conn.recv(65536):  # until the server closes (it answers "close")
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("authorization", "code"),
+    [
+        ("", "missing_api_key"),
+        ("Authorization: Bearer sk-ip-0123456789ab_" + "x" * 43 + "\r\n", "invalid_api_key"),
+    ],
+)
+def test_an_upload_without_a_valid_key_is_refused_before_its_body_is_read(
+    world: World, authorization: str, code: str
+) -> None:
+    """Django reads a request's whole body before its view sees the key: without the check
+    from the headers, anyone could make a web process take 200 MB. Refused at once, in
+    OpenAI's shape, while the client has sent nothing but headers (a wait for the body
+    would time out here)."""
+    port = int(world.stack.url.rsplit(":", 1)[1])
+    answer = _upload_headers(port, authorization)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 401"), answer[:200]
+    assert orjson.loads(body)["error"]["code"] == code

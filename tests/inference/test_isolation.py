@@ -1,15 +1,20 @@
-"""A short request is not held up by other tenants' long streams (bench/isolation.py is the
-full measurement). The engine here is started the way ``make run`` starts it (tests.engines)."""
+"""What one tenant can read through, or do to, the engine another tenant uses: its prefix
+cache is partitioned, and a short request is not held up by other tenants' long streams
+(bench/isolation.py is the full measurement). The engine here is started the way ``make run``
+starts it (tests.engines)."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
 
 from bench.harness import percentile
+from inference.api.salt import cache_salt, tenant_salt
 from tests.engines import ENGINE_HEADERS
 from tests.live import engine_counters, wait_for
 from tests.serving import World
@@ -24,6 +29,47 @@ LONG = {
     "ignore_eos": True,
     "stream": True,
 }
+
+
+def test_the_prefix_cache_is_partitioned_by_tenant(world: World) -> None:
+    """Tenant A's repeated prompt hits A's own prefix cache; tenant B sending the very same
+    prompt reads nothing of it (``cached_tokens`` 0: unpartitioned, the engine told B 512,
+    that is, that someone had sent that text). B's own repeat hits B's own. A client's
+    ``cache_salt`` narrows its tenant's partition, never joins another's."""
+    _, a = world.tenant()
+    _, b = world.tenant()
+    # Over four blocks of 128 tokens: the engine caches whole blocks only.
+    text = secrets.token_hex(8) + " the pool serves many tenant request" * 110
+    messages: Any = [{"role": "user", "content": text}]
+    blocks: list[int] = []
+
+    def cached(key: str, **extra: str) -> int:
+        reply = world.stack.openai(key).chat.completions.create(
+            model="tiny-chat", messages=messages, max_tokens=1, extra_body=extra or None
+        )
+        assert reply.usage is not None and 512 < reply.usage.prompt_tokens < 1000
+        # Its whole blocks: a hit still leaves the last token to compute.
+        blocks.append((reply.usage.prompt_tokens - 1) // 128 * 128)
+        details = reply.usage.prompt_tokens_details
+        return (details.cached_tokens if details else 0) or 0
+
+    assert cached(a) == 0
+    assert cached(a) == blocks[-1]  # A's repeat: every whole block of it
+    assert cached(b) == 0  # B learns nothing of A's prompt
+    assert cached(b) == blocks[-1]
+    assert cached(a, cache_salt="team-1") == 0  # narrowed: a partition of its own
+    assert cached(a, cache_salt="team-1") == blocks[-1]
+    assert cached(b, cache_salt="team-1") == 0  # the same client salt, another tenant
+
+
+def test_a_client_salt_narrows_and_never_replaces_the_tenants() -> None:
+    """The salt the engine gets is the tenant's (an HMAC under SECRET_KEY), combined with the
+    client's: even another tenant's own salt, sent as the client's, is not that tenant's."""
+    assert cache_salt(1) == tenant_salt(1) != tenant_salt(2)
+    assert cache_salt(1, tenant_salt(2)) not in {tenant_salt(1), tenant_salt(2)}
+    assert cache_salt(1, "x") != cache_salt(2, "x")
+    for salt in (cache_salt(1), cache_salt(1, "a/b@c\\d")):
+        assert len(salt) == 32 and int(salt, 16) >= 0  # what vLLM accepts: hex
 
 
 def test_short_requests_beside_long_streams_cost_about_what_they_cost_direct(
