@@ -11,9 +11,8 @@ from typing import Any
 
 import orjson
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
-from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt
 
 from batches import files as file_services
@@ -177,12 +176,7 @@ def file_detail(request: HttpRequest, key: ApiKey, file_id: str) -> HttpResponse
 @v1({"GET"})
 def file_content(request: HttpRequest, key: ApiKey, file_id: str) -> HttpResponseBase:
     row = file_services.file_get(tenant=key.tenant, file_id=file_id)
-    response = StreamingHttpResponse(
-        file_services.file_content(file=row), content_type="application/jsonl"
-    )
-    # The name is the uploader's: quoted and encoded (RFC 6266), never pasted in.
-    response["Content-Disposition"] = content_disposition_header(True, row.filename)
-    return response
+    return file_services.file_download(file=row)
 
 
 # --- batches ---------------------------------------------------------------------------------

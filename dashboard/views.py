@@ -24,13 +24,11 @@ from django.http import (
     HttpResponse,
     HttpResponseRedirect,
     JsonResponse,
-    StreamingHttpResponse,
 )
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from adapters import selectors as adapter_selectors
@@ -362,12 +360,7 @@ def batch_file(request: HttpRequest, slug: str, file_id: str) -> HttpResponseBas
         found = batch_files.file_get(tenant=access.tenant, file_id=file_id)
     except ApiError:
         raise Http404("No such file.") from None
-    response = StreamingHttpResponse(
-        batch_files.file_content(file=found), content_type="application/jsonl"
-    )
-    # The name is the uploader's: quoted and encoded (RFC 6266), never pasted in.
-    response["Content-Disposition"] = content_disposition_header(True, found.filename)
-    return response
+    return batch_files.file_download(file=found)
 
 
 # --- Members and invitations -------------------------------------------------------------

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import io
 import socket
+import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -19,9 +22,11 @@ import httpx
 import openai
 import orjson
 import pytest
+from django.core.files import File as DjangoFile
+from django.core.files.storage import default_storage
 from django.utils import timezone
 
-from batches.models import Batch, Line
+from batches.models import Batch, File, Line
 from batches.runner import _claim, _store, batch_run
 from batches.services import batches_expire
 from billing.models import UsageRecord
@@ -501,3 +506,49 @@ def test_an_upload_without_a_valid_key_is_refused_before_its_body_is_read(
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 401"), answer[:200]
     assert orjson.loads(body)["error"]["code"] == code
+
+
+def _rss_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def test_four_downloads_of_a_big_file_hold_the_web_process_flat(world: World) -> None:
+    """Four clients download a 120 MB batch file at once: the web process's peak memory
+    grows by less than 64 MB (one chunk per download). Served from a synchronous iterator,
+    Django read each download whole into memory first: ~480 MB, never given back."""
+    tenant, key = world.tenant()
+    size = 120 * 2**20
+    with tempfile.TemporaryFile() as spool:
+        line = b'{"custom_id": "x", "response": {"status_code": 200}}'.ljust(1023) + b"\n"
+        for _ in range(size // len(line)):
+            spool.write(line)
+        path = default_storage.save(f"files/{tenant.pk}/big.jsonl", DjangoFile(spool))
+    row = File.objects.create(
+        tenant=tenant, purpose=File.Purpose.BATCH_OUTPUT, filename="big.jsonl", bytes=size,
+        lines=size // 1024, path=path,
+    )  # fmt: skip
+    web = world.stack.processes["web"].pid
+    try:
+        before = _rss_kib(web, "VmRSS")
+        Path(f"/proc/{web}/clear_refs").write_text("5")  # the peak (VmHWM) from here on
+
+        def download(_: int) -> int:
+            with httpx.stream(
+                "GET",
+                f"{world.stack.url}/v1/files/{row.id}/content",
+                headers={"authorization": f"Bearer {key}"},
+                timeout=120,
+            ) as response:
+                assert response.status_code == 200
+                assert int(response.headers["content-length"]) == size
+                return sum(len(chunk) for chunk in response.iter_bytes(1 << 20))
+
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(download, range(4))) == [size] * 4
+        grown_mib = (_rss_kib(web, "VmHWM") - before) / 1024
+        assert grown_mib < 64, f"the web process grew by {grown_mib:.0f} MiB"
+    finally:
+        default_storage.delete(path)
