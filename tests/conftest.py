@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import redis as redis_lib
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from rest_framework.test import APIClient
 
@@ -150,6 +151,16 @@ def people(db: None) -> TenantPeople:
 @pytest.fixture
 def api() -> APIClient:
     return APIClient()
+
+
+def streamed(response: Any) -> bytes:
+    """A streamed response's body, read the way the ASGI server reads it (its chunks are
+    async: a download holds one chunk at a time)."""
+
+    async def read() -> bytes:
+        return b"".join([chunk async for chunk in response.streaming_content])
+
+    return async_to_sync(read)()
 
 
 def client_for(user: User) -> APIClient:

@@ -10,7 +10,6 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
 from django.core.exceptions import ValidationError
 from django.test import Client
 from django.utils import timezone
@@ -23,7 +22,7 @@ from billing.stripe_sync import invoice_stripe_push, invoice_stripe_void
 from tenants.models import AuditEvent, Tenant
 from tests.billing.stripe_fake import RecordedStripe, event, signed
 from tests.billing.test_usage import _record
-from tests.conftest import TenantPeople, client_for, run_manage
+from tests.conftest import TenantPeople, client_for, run_manage, streamed
 
 OCT = date(2026, 10, 1)
 IN_OCT = datetime(2026, 10, 15, 12, tzinfo=UTC)
@@ -383,20 +382,11 @@ def test_invoice_detail_and_lines_csv(people: TenantPeople, billed: Invoice) -> 
     assert sorted(r["amount_usd"] for r in rows) == ["0.03", "1.23"]
 
 
-def _consume(response: Any) -> bytes:
-    """Read a streamed response the way the ASGI server does (its chunks are async)."""
-
-    async def read() -> bytes:
-        return b"".join([chunk async for chunk in response.streaming_content])
-
-    return async_to_sync(read)()
-
-
 def test_usage_csv_matches_the_ledger(people: TenantPeople, billed: Invoice) -> None:
     response = client_for(people.finance).get(
         "/api/tenants/acme/usage.csv?start=2026-10-01&end=2026-10-31"
     )
-    body = _consume(response).decode()
+    body = streamed(response).decode()
     rows = list(csv.DictReader(io.StringIO(body)))
     ledger = UsageRecord.objects.filter(tenant=people.tenant)
     assert sorted(r["request_id"] for r in rows) == sorted(r.request_id for r in ledger)

@@ -14,7 +14,7 @@ from batches.files import file_store_output
 from batches.models import Batch, Line
 from tenants.models import Tenant, User
 from tenants.services import api_key_create
-from tests.conftest import TenantPeople
+from tests.conftest import TenantPeople, streamed
 
 pytestmark = pytest.mark.django_db
 
@@ -85,7 +85,7 @@ def test_results_download_for_those_who_may_and_nobody_elses(people: TenantPeopl
     page = _browser(people.developer).get("/app/t/acme/batches/")
     assert f"/app/t/acme/files/{output.id}/" in page.content.decode()
     got = _browser(people.developer).get(f"/app/t/acme/files/{output.id}/")
-    assert got.status_code == 200 and b"".join(got.streaming_content) == b'{"x": 1}\n'  # type: ignore[attr-defined]
+    assert got.status_code == 200 and streamed(got) == b'{"x": 1}\n'
     assert _browser(people.viewer).get(f"/app/t/acme/files/{output.id}/").status_code == 403
     assert (
         _browser(people.viewer).post(f"/app/t/acme/batches/{batch.id}/cancel/").status_code == 403
