@@ -21,7 +21,6 @@ groups' wall times. The exit status is non-zero when any group failed.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import signal
@@ -44,9 +43,10 @@ class Group:
     redis_db: int
 
 
-# Redis databases 14 and 13 are the benchmarks' (bench/harness.py), which may run beside.
+# Redis database 15 is `make pytest`'s and `make test-quick`'s, 14 and 13 the benchmarks'
+# (bench/harness.py): any of them may run beside.
 GROUPS = (
-    Group("quick", ("-m", f"not ({LIVE})"), redis_db=15),
+    Group("quick", ("-m", f"not ({LIVE})"), redis_db=10),
     Group("inference", ("-m", LIVE, "tests/inference"), redis_db=12),
     Group("platform", ("-m", LIVE, "--ignore=tests/inference"), redis_db=11),
 )
@@ -86,6 +86,7 @@ def start(group: Group, extra: list[str], database_url: str, redis_url: str) -> 
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / f"{group.name}.out"
     junit = out_dir / f"{group.name}.xml"
+    junit.unlink(missing_ok=True)  # never an earlier run's
     command = [
         sys.executable,
         "-m",
@@ -104,6 +105,9 @@ def start(group: Group, extra: list[str], database_url: str, redis_url: str) -> 
             env=group_env(group, database_url, redis_url),
             stdout=log,
             stderr=subprocess.STDOUT,
+            # A terminal's Ctrl-C reaches the runner only, which passes it on once: a second
+            # one landing in pytest's tear-down would leave its engines running.
+            start_new_session=True,
         )
     print(f"[{group.name}] started: {shlex.join(command[2:])}", flush=True)
     return Running(group, process, output, junit, time.monotonic())
@@ -115,34 +119,37 @@ def slowest(runs: list[Running], count: int = 30) -> list[tuple[float, str, str]
     for run in runs:
         if not run.junit.exists():
             continue
-        for case in ET.parse(run.junit).iter("testcase"):  # noqa: S314 - our own pytest's file
+        try:
+            cases = list(ET.parse(run.junit).iter("testcase"))  # noqa: S314 - our pytest's
+        except ET.ParseError:  # a group killed while writing it
+            continue
+        for case in cases:
             name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
             tests.append((float(case.get("time", 0)), run.group.name, name))
     return sorted(tests, reverse=True)[:count]
 
 
-# pytest's exit statuses that are not a failure: a selection (PYTEST_ARGS) may leave a group
-# with no test to run.
-STATUS = {0: "passed", 5: "no tests selected"}
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("pytest_args", nargs="*", help="passed to every group's pytest")
-    args = parser.parse_args()
+def main(pytest_args: list[str]) -> int:
+    """Run the groups; ``pytest_args`` (make's PYTEST_ARGS) go to every group's pytest: options
+    such as ``-x`` or ``-k``, not paths or ``-m``, which would undo the partition."""
     database_url = os.environ["DATABASE_URL"]
     redis_url = os.environ["REDIS_URL"]
     began = time.monotonic()
-    runs = [start(group, args.pytest_args, database_url, redis_url) for group in GROUPS]
+    runs: list[Running] = []
+    signals = 0
 
     def interrupt(signum: int, frame: object) -> None:
-        # Each pytest stops its own engines and stacks when interrupted (tests/conftest.py).
+        # The first Ctrl-C asks each pytest to stop (it stops its own engines and stacks:
+        # tests/conftest.py); a second one ends them.
+        nonlocal signals
+        signals += 1
         for run in runs:
             if run.process.poll() is None:
-                run.process.send_signal(signal.SIGINT)
+                run.process.send_signal(signal.SIGINT if signals == 1 else signal.SIGTERM)
 
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
+    runs += [start(group, pytest_args, database_url, redis_url) for group in GROUPS]
     pending = list(runs)
     while pending:
         for run in list(pending):
@@ -159,12 +166,17 @@ def main() -> int:
     for seconds, group, name in slowest(runs):
         print(f"{seconds:7.2f}s  [{group}] {name}")
     print("\n===== groups =====")
+    # pytest's 5 (no test collected) is a failure unless a selection was given: every group
+    # has tests, and one that finds none has lost them.
+    passed = {0, 5} if pytest_args else {0}
     for run in runs:
-        status = STATUS.get(run.process.returncode, f"FAILED ({run.process.returncode})")
-        print(f"[{run.group.name}] {status} in {(run.ended or began) - run.started:.0f} s")
+        code = run.process.returncode
+        status = {0: "passed", 5: "no tests selected"}.get(code, "") if code in passed else ""
+        print(f"[{run.group.name}] {status or f'FAILED ({code})'} in "
+              f"{(run.ended or began) - run.started:.0f} s")  # fmt: skip
     print(f"all groups: {time.monotonic() - began:.0f} s")
-    return 0 if all(run.process.returncode in STATUS for run in runs) else 1
+    return 0 if all(run.process.returncode in passed for run in runs) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

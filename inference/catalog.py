@@ -2,7 +2,7 @@
 
 Postgres is the truth; the gateway never reads it per request. ``catalog_publish`` writes
 a JSON snapshot (``ip:catalog``) that every web process reads when told it changed
-(``ip:catalog:changed``), and per pool the set of *ready* replicas with their capacity,
+(``ip:catalog:changed:db<N>``), and per pool the set of *ready* replicas with their capacity,
 which the admission script routes over. It runs after every change made through the
 services and after every round of health probes, so a missed publish heals within one probe
 interval (a lost announcement, within the gateways' minute between looks).

@@ -1,6 +1,6 @@
 """Every tenant's policy, as the gateways hold it, in Redis: ``ip:moderation:policies`` (the
 snapshot, ``moderation.policy.Snapshot``) and ``ip:moderation:version``, each change announced
-on ``ip:moderation:changed``: the gateways then look at the version and fetch the snapshot
+on ``ip:moderation:changed:db<N>``: the gateways then look at the version and fetch the snapshot
 only when it changed."""
 
 from __future__ import annotations

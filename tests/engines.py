@@ -86,8 +86,9 @@ class Engine:
 
 
 def engine_popen(command: str, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """Start an engine exactly as ``make run``'s process manager (honcho) does: through
-    ``sh -c`` in a session of its own, so the tests see the scheduling ``make run`` gets."""
+    """Start an engine as ``make run``'s process manager (honcho) does: through ``sh -c`` in
+    a session of its own, so the tests see the scheduling ``make run`` gets (the arguments
+    differ by ``TEST_ENGINE_ARGS``)."""
     return subprocess.Popen(  # noqa: S602 - our own command line, as in the Procfile
         command,
         shell=True,

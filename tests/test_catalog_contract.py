@@ -300,9 +300,12 @@ def test_a_deployment_in_another_redis_database_is_not_heard() -> None:
     db = redis_sync().connection_pool.connection_kwargs["db"]
     assert channel(CATALOG_CHANNEL) == f"{CATALOG_CHANNEL}:db{db}"
     try:
+        # A deployment on database db+1 of the same server announces a change of its own.
+        redis_sync().publish(f"{CATALOG_CHANNEL}:db{db + 1}", "999")
         model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
         catalog_publish()
         message = wait_for(lambda: listener.get_message(timeout=1), timeout=10)
-        assert message["channel"] == channel(CATALOG_CHANNEL).encode()
+        assert message["channel"] == channel(CATALOG_CHANNEL).encode()  # the first one heard
+        assert message["data"] != b"999"
     finally:
         listener.close()

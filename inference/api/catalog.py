@@ -1,6 +1,6 @@
 """This process's copy of the serving catalog, kept fresh from Redis in the background
 (never per request), decoded into ``contract.Catalog``. ``catalog_publish`` announces each
-change on ``ip:catalog:changed``; the process, subscribed (``inference.api.watch``), then
+change on ``ip:catalog:changed:db<N>``; the process, subscribed (``inference.api.watch``), then
 compares the version counter and fetches the snapshot only when it moved. So a change (a
 canary's weights, a replica drained) reaches every process within milliseconds, and an idle
 platform costs a process nothing between changes (one look at the version a minute).

@@ -145,13 +145,15 @@ def _database_restart() -> None:
         autocommit=True,
     ) as admin:
         admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(name))
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = %s AND pid <> pg_backend_pid()",
-            [settings_dict["NAME"]],
-        )
-        time.sleep(2)  # down as long as a fast restart of this machine's server takes
-        admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(name))
+        try:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                [settings_dict["NAME"]],
+            )
+            time.sleep(2)  # down as long as a fast restart of this machine's server takes
+        finally:
+            admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(name))
 
 
 def test_the_gateway_outlives_a_postgres_restart(engine: Engine, stack_factory: Any) -> None:
