@@ -18,6 +18,7 @@ import pytest
 import redis as redis_lib
 from asgiref.sync import async_to_sync
 from django.conf import settings
+from django.test import TransactionTestCase
 from rest_framework.test import APIClient
 
 from tenants.models import Role, Tenant, User
@@ -36,6 +37,7 @@ def _engine_api_key() -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+_DJANGO_FIXTURE_TEARDOWN = TransactionTestCase._fixture_teardown  # type: ignore[attr-defined]
 
 contract.install()
 
@@ -70,6 +72,36 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from tests import engines
 
     engines.stop_all()
+
+
+def _flush_outliving_deadlocks(test_case: Any, attempts: int = 5) -> None:
+    """A transactional test's flush (one TRUNCATE of every table) takes its locks table by
+    table while a live stack's worker may still be writing (a usage record takes its tenant's
+    lock after its own table's): PostgreSQL then ends one of the two as a deadlock, and the
+    victim is meant to try again (its transaction was rolled back whole). Only the flush is
+    retried; a product transaction that is the victim retries in its own code."""
+    import psycopg.errors
+
+    for attempt in range(attempts):
+        try:
+            _DJANGO_FIXTURE_TEARDOWN(test_case)
+            return
+        except Exception as error:  # flush's CommandError from Django's error from psycopg's
+            causes = []
+            cause: BaseException | None = error
+            while cause is not None:
+                causes.append(cause)
+                cause = cause.__cause__
+            deadlock = any(isinstance(c, psycopg.errors.DeadlockDetected) for c in causes)
+            if attempt == attempts - 1 or not deadlock:
+                raise
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _flush_retried_after_a_deadlock() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TransactionTestCase, "_fixture_teardown", _flush_outliving_deadlocks)
+        yield
 
 
 @pytest.fixture(autouse=True)
