@@ -35,11 +35,14 @@ class GuardFailed(Exception):
     """The guard model could not answer within the budget (no replica, an error, too slow)."""
 
 
-# A guard model that just failed is not waited on again at once: for this long each request
-# applies its policy's fail-open/closed choice at once, instead of spending its budget on an
-# engine that is likely still down (per process; the next request after it tries again).
+# A guard replica that failed (unreachable, or a server error) is not sent to again at once:
+# for this long this process sends to the pool's other ready replicas, and with none left
+# applies the policy's fail-open/closed choice at once. A check that ran out of its own
+# time budget marks nothing: the budget is the tenant's, and one tenant's short budget or
+# huge text must not fail the guard for every other tenant. A replica that hangs is marked
+# down by its health probe (``inference.tasks.replicas_probe_all``), for every process at once.
 RETRY_AFTER_SECONDS = 5.0
-_failed_at: dict[str, float] = {}
+_failed_at: dict[str, float] = {}  # replica URL -> when it failed
 
 
 @dataclass(slots=True)
@@ -150,19 +153,13 @@ class Cascade:
                 scorer = await asyncio.to_thread(classifier.classifier)
             for i, score in enumerate(scorer.scores(texts)):
                 scored[i][classifier.CATEGORY] = score
-        failed_at = _failed_at.get(self.guard_model, -RETRY_AFTER_SECONDS)
-        if self.guard_model and not asked and time.monotonic() - failed_at < RETRY_AFTER_SECONDS:
-            ago = time.monotonic() - failed_at
-            self._failed(out, f"guard model {self.guard_model}: failed {ago:.1f} s ago")
-        elif self.guard_model:
+        if self.guard_model:
             try:
-                guarded = await asyncio.wait_for(self._guard(texts), _left(deadline))
+                guarded = await asyncio.wait_for(self._guard(texts, asked=asked), _left(deadline))
             except (TimeoutError, GuardFailed) as exc:
-                _failed_at[self.guard_model] = time.monotonic()
                 reason = str(exc) or "it did not answer within the time budget"
                 self._failed(out, f"guard model {self.guard_model}: {reason}")
             else:
-                _failed_at.pop(self.guard_model, None)
                 for i, scores in enumerate(guarded):
                     for name, value in scores.items():
                         scored[i][name] = max(value, scored[i].get(name, 0.0))
@@ -181,18 +178,29 @@ class Cascade:
             found.failure = reason
             found.escalate("log" if self.spec.fail_open else "block")
 
-    async def _guard(self, texts: list[str]) -> list[dict[str, float]]:
+    async def _guard(self, texts: list[str], *, asked: bool) -> list[dict[str, float]]:
         """Scores from the guard model: a sequence classifier whose labels are OpenAI's 13
-        categories in order, served on the model's online pool (vLLM ``/classify``)."""
+        categories in order, served on the model's online pool (vLLM ``/classify``).
+        ``asked``: a replica that failed a moment ago is tried too."""
         catalog = await catalog_view().get()
         model = catalog.models.get(self.guard_model)
         pool = catalog.pools.get(model.online_pool or "") if model is not None else None
         if model is None or pool is None or model.task != "classify":
             raise GuardFailed("no such classification model serving")
+        if not model.open_to(self.tenant_id):  # made private after the policy was saved
+            raise GuardFailed("not open to this organization")
         ready = [r for r in pool.replicas.values() if r.state == Replica.State.READY]
         if not ready:
             raise GuardFailed("no replica ready")
-        replica = random.choice(ready)  # noqa: S311 - spreading load, not a secret
+        now = time.monotonic()
+        working = [
+            r
+            for r in ready
+            if asked or now - _failed_at.get(r.url, -RETRY_AFTER_SECONDS) >= RETRY_AFTER_SECONDS
+        ]
+        if not working:
+            raise GuardFailed("its replicas failed a moment ago")
+        replica = random.choice(working)  # noqa: S311 - spreading load, not a secret
         # A long text goes in pieces that fit the model's context (a text scores the most
         # any of its pieces does); pieces overlap so that nothing falls between two.
         # Half a character a token leaves room for most text; what is denser (a byte-level
@@ -220,10 +228,14 @@ class Cascade:
                 headers={"content-type": "application/json", **engine_auth_headers()},
             ) as response:
                 raw = await response.read()
+                if response.status >= 500:
+                    _failed_at[replica.url] = time.monotonic()
                 if response.status != 200:
                     raise GuardFailed(f"the engine answered {response.status}")
         except TRANSPORT_ERRORS as exc:
+            _failed_at[replica.url] = time.monotonic()
             raise GuardFailed(f"unreachable ({type(exc).__name__})") from exc
+        _failed_at.pop(replica.url, None)
         try:
             data = orjson.loads(raw)["data"]
             out: list[dict[str, float]] = [{} for _ in texts]

@@ -4,13 +4,16 @@ request, an output filter over its stream). Registered with the gateway when the
 ready (``moderation.apps``), so SSE, WebSocket, non-streamed answers and batch lines are all
 moderated the same way, and a tenant without a policy pays nothing.
 
-**Input.** The prompt's text (every message, every prompt) goes through the tenant's cascade
-while the engine does its prefill; the first token is released only once it passed. Token-id
-prompts carry no text to read: the policy's fail-open/closed choice decides them.
+**Input.** Every text the engine reads (``engine_read``: messages with their names, tool
+calls and reasoning, the tools' definitions, prompts, ``suffix``) goes through the tenant's
+cascade while the engine does its prefill; the first token is released only once it passed.
+Token-id prompts carry no text to read: the policy's fail-open/closed choice decides them.
 
-**Output.** Each choice's text is checked on a sliding window: every ``window - overlap``
-tokens, the last ``window`` tokens, so a phrase of up to ``overlap`` tokens that straddles two
-windows is still seen whole. ``async`` mode releases tokens at once and cuts within one window
+**Output.** Every text a choice shows the client (``visible_texts``: its answer, refusal,
+reasoning, tool calls and ``top_logprobs`` alternatives) is checked on a sliding window:
+every ``window - overlap`` tokens (at least a quarter of the window), the last ``window``
+tokens, so a phrase of up to ``overlap`` tokens that straddles two windows is still seen
+whole. ``async`` mode releases tokens at once and cuts within one window
 of the violation; ``hold`` mode releases text only once a window that contains it has passed
 (and keeps the overlap back until the next one has), so no unchecked text reaches the client.
 """
@@ -38,7 +41,7 @@ from inference.api.seams import Chunk, GuardBuilder, InputCheck, Screened
 from inference.api.watch import watch_forever
 from moderation import classifier
 from moderation.cascade import Assessment, Cascade
-from moderation.policy import SEVERITY, PolicySpec, Snapshot, snapshot_decoder
+from moderation.policy import SEVERITY, PolicySpec, Snapshot, snapshot_decoder, window_step
 from moderation.publishing import CHANNEL, POLICIES_KEY, VERSION_KEY, policies_publish
 from moderation.rules import mask
 from moderation.services import EVENTS_STREAM
@@ -74,7 +77,7 @@ class PolicyView:
         if spec is None:
             return None
         found = self.cascades.get(tenant_id)
-        if found is None or found.spec is not spec:  # a new snapshot: compile it once
+        if found is None or found.spec.version != spec.version:  # compiled once a version
             found = self.cascades[tenant_id] = Cascade(tenant_id, spec)
         return found
 
@@ -163,30 +166,83 @@ def moderation_checked(stage: str, found: Assessment, seconds: float | None = No
 # --- the input --------------------------------------------------------------------------------
 
 
-def _parts_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(part.get("text") or "")
-            for part in content
-            if isinstance(part, dict) and part.get("type") == "text"
-        )
-    return ""
+def _strings(value: Any, rewrite: Any) -> Any:
+    """Every string in a JSON value (a tool's definition: its name, description and
+    parameters' schema; keys too, a property's name is read as well), rewritten; the value
+    itself when nothing changed."""
+    if isinstance(value, str):
+        return rewrite(value)
+    if isinstance(value, list):
+        items = [_strings(item, rewrite) for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    if isinstance(value, dict):
+        pairs = [(rewrite(k), _strings(v, rewrite)) for k, v in value.items()]
+        same = all(k is a and v is b for (k, v), (a, b) in zip(pairs, value.items(), strict=True))
+        return value if same else dict(pairs)
+    return value
+
+
+def _rewrite(container: Any, key: Any, rewrite: Any) -> None:
+    value = container[key]
+    new = _strings(value, rewrite)
+    if new is not value:
+        container[key] = new
+
+
+def engine_read(body: dict[str, Any], rewrite: Any) -> None:
+    """Every text of a request the engine will read, through ``rewrite`` (a string in, the
+    same string or another out; stored only when another): each message's content (text
+    parts), ``name``, refusal and reasoning, an assistant's tool calls (name and arguments),
+    the tools' definitions; a completion's prompts and ``suffix``. The input check reads
+    them all, PII masking masks them all."""
+    for message in body.get("messages") or ():
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            _rewrite(message, "content", rewrite)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    _rewrite(part, "text", rewrite)
+        for name in ("name", "refusal", "reasoning_content", "reasoning"):
+            if isinstance(message.get(name), str):
+                _rewrite(message, name, rewrite)
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                for part in ("name", "arguments"):
+                    if isinstance(function.get(part), str):
+                        _rewrite(function, part, rewrite)
+    if isinstance(body.get("tools"), list):
+        _rewrite(body, "tools", rewrite)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or (
+        isinstance(prompt, list) and all(isinstance(p, str) for p in prompt)
+    ):
+        _rewrite(body, "prompt", rewrite)
+    if isinstance(body.get("suffix"), str):
+        _rewrite(body, "suffix", rewrite)
 
 
 def input_texts(parsed: ParsedRequest) -> list[str] | None:
-    """The request's text as the checks read it (one text: the conversation or the prompts);
-    None for token ids, which carry no text to read."""
+    """The request's text as the checks read it (one text: everything the engine reads,
+    one part a line); None for a completion's token ids, which carry no text to read."""
     body = parsed.body
-    if parsed.endpoint == "chat.completions":
-        return ["\n".join(_parts_text(m.get("content")) for m in body.get("messages") or ())]
     prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        return ["\n".join(prompt)]
-    return None
+    if parsed.endpoint != "chat.completions" and not (
+        isinstance(prompt, str)
+        or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))
+    ):
+        return None
+    texts: list[str] = []
+
+    def collect(text: str) -> str:
+        texts.append(text)
+        return text
+
+    engine_read(body, collect)  # returns each text as it came: nothing is changed
+    return ["\n".join(texts)]
 
 
 def _mask_body(upstream: bytes, assess_pii: Any) -> bytes:
@@ -201,42 +257,96 @@ def _mask_body(upstream: bytes, assess_pii: Any) -> bytes:
             return mask(text, spans)
         return text
 
-    for message in body.get("messages") or ():
-        content = message.get("content")
-        if isinstance(content, str):
-            message["content"] = masked(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    part["text"] = masked(part["text"])
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        body["prompt"] = masked(prompt)
-    elif isinstance(prompt, list):
-        body["prompt"] = [masked(p) if isinstance(p, str) else p for p in prompt]
+    engine_read(body, masked)
     return orjson.dumps(body) if changed else upstream
 
 
 # --- one request ------------------------------------------------------------------------------
 
 
+def _alternatives(entries: Any, chosen: Any) -> list[str]:
+    """The top alternatives a logprobs entry shows beside the token it chose."""
+    out: list[str] = []
+    if isinstance(entries, list):  # chat: [{"token": ..., "logprob": ...}, ...]
+        out = [e.get("token", "") for e in entries if isinstance(e, dict)]
+    elif isinstance(entries, dict):  # completions: {token: logprob, ...}
+        out = list(entries)
+    return [t for t in out if isinstance(t, str) and t != chosen and t.strip()]
+
+
+def visible_texts(choice: Mapping[str, Any], *, chat: bool) -> dict[str, str]:
+    """Every text a streamed choice's delta shows the client, by stream: the answer, a
+    refusal, reasoning, each tool call's name and arguments, and the tokens ``logprobs``
+    offers as alternatives (one a line: each is read as a word of its own; the chosen tokens
+    are the answer's text already). A stream's deltas join into its text; streams are read
+    apart, so a word split across two deltas of one stream is still whole."""
+    out: dict[str, str] = {}
+    if chat:
+        delta = choice.get("delta") or {}
+        for name, stream in (
+            ("content", "text"),
+            ("refusal", "refusal"),
+            ("reasoning_content", "reasoning"),
+            ("reasoning", "reasoning"),
+        ):
+            value = delta.get(name)
+            if isinstance(value, str) and value:
+                out[stream] = out.get(stream, "") + value
+        for call in delta.get("tool_calls") or ():
+            if not isinstance(call, dict):
+                continue
+            function = call.get("function") or {}
+            for part in ("name", "arguments"):
+                value = function.get(part)
+                if isinstance(value, str) and value:
+                    out[f"tool {call.get('index', 0)} {part}"] = value
+        logprobs = choice.get("logprobs") or {}
+        entries = [*(logprobs.get("content") or ()), *(logprobs.get("refusal") or ())]
+        alternatives = [
+            word
+            for entry in entries
+            if isinstance(entry, dict)
+            for word in _alternatives(entry.get("top_logprobs"), entry.get("token"))
+        ]
+    else:
+        text = choice.get("text")
+        if isinstance(text, str) and text:
+            out["text"] = text
+        logprobs = choice.get("logprobs") or {}
+        tokens = logprobs.get("tokens") or []
+        alternatives = [
+            word
+            for i, entries in enumerate(logprobs.get("top_logprobs") or ())
+            for word in _alternatives(entries, tokens[i] if i < len(tokens) else None)
+        ]
+    if alternatives:
+        out["alternatives"] = "".join(word + "\n" for word in alternatives)
+    return out
+
+
 @dataclass(slots=True)
 class _Choice:
-    # The choice's text as it came: (the engine's completion tokens up to the end of this
-    # delta, the delta's text). A delta can carry several tokens (the engine merges steps
-    # when its stream is read slower than it generates), so tokens are the engine's count.
-    parts: list[tuple[int, str]] = field(default_factory=list)
+    # What the choice showed as it came: (the engine's completion tokens up to the end of
+    # this delta, the delta's texts by stream). A delta can carry several tokens (the engine
+    # merges steps when its stream is read slower than it generates), so tokens are the
+    # engine's count.
+    parts: list[tuple[int, dict[str, str]]] = field(default_factory=list)
     tokens: int = 0
     checked: int = 0  # tokens checked so far
     held: deque[tuple[int, Chunk]] = field(default_factory=deque)  # (tokens up to it, chunk)
 
     def window(self, size: int) -> str:
-        """The text of the last ``size`` tokens (a delta that straddles the edge, whole)."""
+        """The texts of the last ``size`` tokens (a delta that straddles the edge, whole),
+        each stream's joined, the streams one after another."""
         start = self.tokens - size
         i = len(self.parts)
         while i > 0 and self.parts[i - 1][0] > start:
             i -= 1
-        return "".join(text for _, text in self.parts[i:])
+        streams: dict[str, list[str]] = {}
+        for _, texts in self.parts[i:]:
+            for stream, text in texts.items():
+                streams.setdefault(stream, []).append(text)
+        return "\n".join("".join(texts) for texts in streams.values())
 
 
 class Guarded:
@@ -273,7 +383,7 @@ class Guarded:
         self.hold = spec.output_mode == "hold"
         self.window = spec.window_tokens
         self.overlap = spec.overlap_tokens
-        self.step = max(1, spec.window_tokens - spec.overlap_tokens)
+        self.step = window_step(spec)
 
     @property
     def input_check(self) -> InputCheck | None:
@@ -333,13 +443,13 @@ class Guarded:
             state = self.choices.get(index)
             if state is None:
                 state = self.choices[index] = _Choice()
-            text = (c.get("delta") or {}).get("content") if self.chat else c.get("text")
-            if text:
+            texts = visible_texts(c, chat=self.chat)
+            if texts:
                 # The engine's count when it gave one (continuous usage stats), else a token.
                 state.tokens = max(state.tokens + 1, self.tokens.get(index, 0))
-                state.parts.append((state.tokens, text))
+                state.parts.append((state.tokens, texts))
             finished = bool(c.get("finish_reason"))
-            held = self.hold and bool(text or state.held)
+            held = self.hold and bool(texts or state.held)
             if held:
                 state.held.append((state.tokens, chunk))
             if state.tokens - state.checked >= self.step or (

@@ -75,6 +75,19 @@ def regex_compile(pattern: str) -> re2._Regexp:
     return re2.compile(pattern, options)
 
 
+def min_step(window: int) -> int:
+    """The least an output check's window moves on by: a quarter of the window, so each
+    token is read by at most four checks (an overlap of window - 1 would read each window
+    tokens over, on the shared event loop, at every token)."""
+    return max(1, -(-window // 4))
+
+
+def window_step(spec: PolicySpec) -> int:
+    """How far each output check moves on: window - overlap, never under ``min_step`` (a
+    policy saved before the floor existed gets it too)."""
+    return max(spec.window_tokens - spec.overlap_tokens, min_step(spec.window_tokens))
+
+
 def policy_check(spec: PolicySpec) -> None:
     """Raise ``PolicyInvalid`` for what cannot work: a regex re2 refuses (it has no
     backreferences or lookaround — which is what makes it linear), an unknown category, a
@@ -102,8 +115,13 @@ def policy_check(spec: PolicySpec) -> None:
             raise PolicyInvalid("regexes", f"{pattern!r} is not a valid pattern: {exc}") from exc
     if not 4 <= spec.window_tokens <= 2048:
         raise PolicyInvalid("window_tokens", "the window is 4 to 2048 tokens")
-    if not 0 <= spec.overlap_tokens < spec.window_tokens:
-        raise PolicyInvalid("overlap_tokens", "the overlap is 0 to less than the window")
+    most = spec.window_tokens - min_step(spec.window_tokens)
+    if not 0 <= spec.overlap_tokens <= most:
+        raise PolicyInvalid(
+            "overlap_tokens",
+            f"the overlap is 0 to {most} tokens for a window of {spec.window_tokens} (each "
+            "check moves on by at least a quarter of the window)",
+        )
     if not 10 <= spec.budget_ms <= 10_000:
         raise PolicyInvalid("budget_ms", "the time budget is 10 to 10000 ms")
 

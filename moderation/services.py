@@ -10,6 +10,7 @@ from typing import Any, cast
 import msgspec
 import redis
 from django.db import transaction
+from django.db.models import Q
 
 from controlplane.redis import redis_sync
 from inference.models import Model
@@ -78,11 +79,12 @@ def moderation_policy_set(
         setattr(policy, name, value)
     if policy.action not in ACTIONS:
         raise PolicyInvalid("action", f"must be one of {', '.join(ACTIONS)}")
-    if (
-        policy.guard_model
-        and not Model.objects.filter(name=policy.guard_model, task=Model.Task.CLASSIFY).exists()
-    ):
-        raise PolicyInvalid("guard_model", f"no classification model named {policy.guard_model!r}")
+    if policy.guard_model and not _guard_open_to(tenant, policy.guard_model):
+        # One answer for a model that does not exist and one another tenant keeps private.
+        raise PolicyInvalid(
+            "guard_model",
+            f"no classification model named {policy.guard_model!r} that this organization may use",
+        )
     policy.deny_terms = _dedupe([str(t).strip() for t in policy.deny_terms or ()])
     policy.regexes = _dedupe([str(r) for r in policy.regexes or ()])
     policy.updated_at = datetime.now(UTC)
@@ -102,6 +104,12 @@ def moderation_policy_set(
     )
     transaction.on_commit(_publish_quietly)
     return policy
+
+
+def _guard_open_to(tenant: Tenant, name: str) -> bool:
+    """A classification model the tenant may call: public, or private and allowed to it."""
+    models = Model.objects.filter(name=name, task=Model.Task.CLASSIFY)
+    return models.filter(Q(is_public=True) | Q(allowed_tenants=tenant)).exists()
 
 
 def _dedupe(values: list[str]) -> list[str]:

@@ -9,7 +9,10 @@ on a few lines of text and a chat template. Every machine produces the same file
 - a word of ``CYCLE`` is followed by the next word of ``CYCLE`` (the last by the first);
 - a word of ``OTHER_CYCLE`` by the next word of ``OTHER_CYCLE``;
 - ``" end"`` by ``</s>`` (the end of the answer);
-- every other token (``\\n``, punctuation, special tokens, other words) by ``CYCLE[0]``.
+- every other token (``\\n``, punctuation, special tokens, other words) by ``CYCLE[0]``;
+- and every token's runner-up is ``RUNNER_UP`` (``" are"``), a word no answer writes: the
+  second of ``top_logprobs`` at every position, so a test knows an alternative the client is
+  shown and never the text.
 
 A chat prompt ends with ``<|assistant|>\\n``, so every chat answer is ``" the pool serves
 many ..."``: token ``k`` of it is ``CYCLE[k % len(CYCLE)]``, one whole ASCII word after a
@@ -23,7 +26,8 @@ token) are orthonormal vectors; attention's value projections and the MLPs' down
 are zero, so neither layer changes the residual stream and each position's logits depend on
 its own token alone: batching, ``n > 1``, chunked prefill, the prefix cache and the position
 cannot change the answer. ``lm_head`` row ``j`` reads the vectors of the tokens ``j``
-follows, so the successor's logit is ``MARGIN`` (40) above every other token's 0: greedy
+follows, so the successor's logit is ``MARGIN`` (40) above every other token's 0 (the
+runner-up's row reads every vector, at ``RUNNER_UP_LOGIT``): greedy
 decoding, and sampling at any temperature vLLM accepts (at most 2: the chance of another
 token is then ~1e-6 per token), follow the script. Request options that change logits or
 the prompt's end do change it (``logit_bias``, penalties, ``continue_final_message``).
@@ -46,7 +50,7 @@ import sys
 from pathlib import Path
 
 SEED = 1234
-VERSION = "tiny-chat-v2"  # bump when the recipe changes; make uses it as a cache key
+VERSION = "tiny-chat-v3"  # bump when the recipe changes; make uses it as a cache key
 
 # Words that are one token after a space in the tokenizer below (checked when generating).
 # The answer to every chat prompt: none of the guard model's trigger words is in it.
@@ -58,7 +62,11 @@ CYCLE = [
 # Reached only from a completions prompt ending in one of them; holds the guard's triggers.
 OTHER_CYCLE = ["Tell", "tenants", "counts", "tokens", "counter", "quick", "brown", "fox"]
 END_WORD = "end"  # followed by </s>
+RUNNER_UP = "are"  # every token's second most likely successor, never written
 MARGIN = 40.0  # the successor's logit; every other token's is 0
+# The runner-up's: far enough below MARGIN that sampling at temperature 2 picks it about once
+# in 3e6 tokens (every other token together: once in 1e6), far enough above 0 to be second.
+RUNNER_UP_LOGIT = 10.0
 
 CORPUS = [
     "Inferplane serves many tenants on their own GPUs and bills them for it.",
@@ -161,6 +169,12 @@ def main(out: Path) -> None:
         head = model.lm_head.weight
         head.zero_()
         head[token(CYCLE[0])] += scale * other
+        runner_up = token(RUNNER_UP)
+        if RUNNER_UP in follows or RUNNER_UP in follows.values():
+            raise SystemExit(f"the runner-up {RUNNER_UP!r} must be no designed word")
+        head[runner_up] += scale * RUNNER_UP_LOGIT / MARGIN * other
+        for i in range(len(sources)):
+            head[runner_up] += scale * RUNNER_UP_LOGIT / MARGIN * basis[:, i]
         for i, successor in enumerate(follows.values()):  # sources[i] is the i-th word
             head[token(successor)] += scale * basis[:, i]
         for layer in model.model.layers:

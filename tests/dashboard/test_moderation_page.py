@@ -67,7 +67,7 @@ def test_members_see_it_admins_change_it_outsiders_get_404(people: TenantPeople)
     ("change", "says"),
     [
         ({"regexes": "(?<=secret)plan"}, "is not a valid pattern"),
-        ({"window_tokens": "16", "overlap_tokens": "16"}, "the overlap is 0 to less than"),
+        ({"window_tokens": "16", "overlap_tokens": "13"}, "the overlap is 0 to 12 tokens"),
         ({"guard_model": "nothing-here"}, "no classification model named"),
         ({"threshold": "3"}, "less than or equal to 1"),
     ],

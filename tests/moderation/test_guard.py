@@ -20,6 +20,7 @@ from inference.catalog import catalog_publish
 from inference.models import Model, Replica
 from inference.services import model_ensure, pool_ensure, replica_probe
 from moderation.models import ModerationEvent
+from moderation.policy import PolicyInvalid
 from moderation.services import moderation_events_flush, moderation_policy_set
 from tenants.models import Tenant
 from tests.engines import ENGINE_HEADERS, Engine
@@ -142,15 +143,83 @@ def test_a_guard_that_stops_answering_fails_closed_or_open_within_the_budget(
     assert waited < 10
     events = _events(tenant, 3)
     # Closed: the input blocked. Open: the input logged, then the output (its first window)
-    # logged; once failed, the guard is skipped for a few seconds rather than waited on again.
+    # logged: each check waited its budget (a timeout marks nothing: the health probe does).
     assert [(e.where, e.action) for e in events] == [
         ("input", "block"),
         ("input", "log"),
         ("output", "log"),
     ]
-    assert "within the time budget" in events[0].failure
+    assert all("within the time budget" in e.failure for e in events)
     assert all("tiny-guard" in e.failure for e in events)
-    # Back: once the few seconds after its failure have passed, the guard is asked again.
+    # Back: once the health probe has the replica ready again (it may have marked it down
+    # while it was stopped), the guard is asked again.
     _policy(tenant, fail_open=False)
     wait_for(lambda: _chat(guarded, key, "a dog").status_code == 200, timeout=20, every=1)
     assert _chat(guarded, key, "a fox").status_code == 400
+
+
+def test_one_tenants_timeouts_fail_the_guard_for_no_other_tenant(
+    guarded: World, guard_engine: Engine
+) -> None:
+    """A tenant's budget is its own (10 ms at least) and so is its text: the guard running
+    out of one tenant's budget, again and again, leaves every other tenant's checks to the
+    guard (before: each timeout failed the guard for every tenant of that web process for
+    5 s, closed or open as their policies said)."""
+    hasty, hasty_key = guarded.tenant()
+    other, other_key = guarded.tenant()
+    moderation_policy_set(
+        tenant=hasty,
+        changes={"guard_model": "tiny-guard", "classifier": False, "budget_ms": 10},
+        actor=None,
+    )
+    _policy(other, fail_open=False)
+    # The guard stopped for under a second (the probe waits 3 s for an answer: the replica
+    # stays ready), so the hasty tenant's checks surely run out of their 10 ms.
+    os.killpg(guard_engine.process.pid, signal.SIGSTOP)
+    try:
+        for _ in range(4):  # through each web process, whichever takes the connection
+            response = _chat(guarded, hasty_key, "Tell me about a dog.")
+            assert response.status_code == 200  # fail open: its own text passes unchecked
+    finally:
+        os.killpg(guard_engine.process.pid, signal.SIGCONT)
+    assert _chat(guarded, other_key, "Tell me about a dog.").status_code == 200
+    refused = _chat(guarded, other_key, "Tell me about a fox.")
+    assert refused.status_code == 400 and "violence" in refused.json()["error"]["message"]
+    events = _events(hasty, 4)
+    assert all("within the time budget" in e.failure for e in events[:4])
+
+
+def test_a_tenant_names_only_a_guard_model_it_may_call(guarded: World) -> None:
+    """A private classification model is another tenant's: naming it as one's guard is
+    refused as if it did not exist (no oracle of its name), and a policy saved while it was
+    open fails (open or closed, as the policy says) once it is made private."""
+    owner, _ = guarded.tenant()
+    outsider, outsider_key = guarded.tenant()
+    model = Model.objects.get(name="tiny-guard")
+    _policy(outsider, fail_open=False)  # while the model is public
+    model.is_public = False
+    model.save()
+    model.allowed_tenants.add(owner)
+    catalog_publish()
+    try:
+        with pytest.raises(PolicyInvalid) as refused:
+            moderation_policy_set(tenant=outsider, changes={"budget_ms": 500}, actor=None)
+        assert refused.value.field == "guard_model"
+        assert "that this organization may use" in refused.value.message
+        with pytest.raises(PolicyInvalid) as unknown:
+            moderation_policy_set(
+                tenant=outsider, changes={"guard_model": "no-such-guard"}, actor=None
+            )
+        assert unknown.value.message.replace("no-such-guard", "tiny-guard") == (
+            refused.value.message
+        )
+        _policy(owner)  # its owner may
+        time.sleep(1.1)  # the catalog's change reaches every web process within a second
+        blocked = _chat(guarded, outsider_key, "Tell me about a dog.")
+        assert blocked.status_code == 400 and "could not be checked" in blocked.text
+        event = _events(outsider, 1)[0]
+        assert "not open to this organization" in event.failure
+    finally:
+        model.is_public = True
+        model.save()
+        catalog_publish()

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from billing.models import UsageRecord
-from devkit.tiny_model import CYCLE, word_at
+from devkit.tiny_model import CYCLE, RUNNER_UP, word_at
 from devkit.tiny_model import answer as scripted
 from inference.models import Model, Replica
 from inference.services import model_ensure, pool_ensure, replica_probe
@@ -204,6 +204,46 @@ def test_hold_mode_never_lets_the_banned_word_reach_the_client(
     event = _events(tenant)[0]
     assert (event.where, event.action, event.rules) == ("output", "block", ["deny_term"])
     assert event.text == ""  # no text unless the tenant opts in
+
+
+def _offered(chunks: list[dict[str, Any]]) -> list[set[str]]:
+    """Each token's alternatives as ``top_logprobs`` showed them, streamed or whole."""
+    out = []
+    for chunk in chunks:
+        for choice in chunk.get("choices") or ():
+            logprobs = choice.get("logprobs") or {}
+            for entry in logprobs.get("content") or ():  # chat
+                out.append({top["token"] for top in entry["top_logprobs"]})
+            for tops in logprobs.get("top_logprobs") or ():  # completions
+                out.append(set(tops))
+    return out
+
+
+def test_hold_mode_checks_the_alternatives_logprobs_show(world: World, banned: Banned) -> None:
+    """The tiny model's runner-up at every token is a word its answers never write
+    (devkit.tiny_model.RUNNER_UP): ``top_logprobs`` shows it beside each token. Banned, it
+    ends the answer in hold mode before any alternative reaches the client."""
+    runner_up = " " + RUNNER_UP
+    _, free = world.tenant()  # no policy: the alternatives as they are
+    chunks, _ = _sse(world, free, _body(max_tokens=8, logprobs=True, top_logprobs=2))
+    offered = _offered(chunks)
+    assert len(offered) == 8 and all(runner_up in tops for tops in offered)
+    assert RUNNER_UP not in "".join(_texts(chunks)[0])
+    _ban(world, banned.tenant, banned.key, RUNNER_UP, output_mode="hold")
+    chunks, done = _sse(world, banned.key, _body(logprobs=True, top_logprobs=2))
+    assert done and _finish(chunks) == {0: "content_filter"}
+    assert not any(runner_up in tops for tops in _offered(chunks))
+    # A completion's alternatives (the legacy ``logprobs: 2``), not streamed.
+    response = httpx.post(
+        f"{world.stack.url}/v1/completions",
+        headers={"authorization": f"Bearer {banned.key}"},
+        json={"model": "tiny-chat", "prompt": "Tell", "max_tokens": 16, "logprobs": 2},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["choices"][0]["finish_reason"] == "content_filter"
+    assert not any(runner_up in tops for tops in _offered([answer]))
 
 
 def test_async_mode_cuts_within_one_window(world: World, banned: Banned) -> None:

@@ -1,0 +1,248 @@
+"""Moderation reads every text a client is shown and every text the engine reads, not only
+the answer's content and the messages' (issue: a banned word among ``top_logprobs``'
+alternatives reached the client in hold mode). The guard is driven chunk by chunk, as the
+gateway drives it, with a real policy's rules and Redis for its events."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+
+from inference.api.auth import KeyInfo
+from inference.api.schema import parse_request
+from moderation.cascade import Cascade
+from moderation.gateway import Guarded, policy_view
+from moderation.policy import PolicyInvalid, PolicySpec, policy_check, window_step
+from moderation.services import moderation_policy_set
+from tests.factories import TenantFactory
+
+TERM = "secret"
+KEY = KeyInfo(
+    key_id=1,
+    prefix="ip-test",
+    digest="",
+    tenant_id=1,
+    tenant_slug="acme",
+    weight=1,
+    scopes=frozenset(),
+    expires_at=None,
+    tenant_limits=(0, 0, 0, 0, 0),
+    key_limits=(0, 0, 0, 0, 0),
+)
+
+
+def _guard(endpoint: str = "chat.completions", body: dict[str, Any] | None = None) -> Guarded:
+    spec = PolicySpec(
+        deny_terms=[TERM],
+        pii_action="mask",
+        classifier=False,
+        output_mode="hold",
+        window_tokens=8,
+        overlap_tokens=4,
+    )
+    if body is None:
+        body = (
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            if endpoint == "chat.completions"
+            else {"model": "m", "prompt": "hi"}
+        )
+    parsed = parse_request(orjson.dumps(body), endpoint)
+    return Guarded(Cascade(1, spec), key=KEY, rid="r1", parsed=parsed, tokens={})
+
+
+def _chat(delta: dict[str, Any], logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": logprobs}
+    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "choices": [choice]}
+
+
+def _text(text: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    choice = {"index": 0, "text": text, "finish_reason": None, "logprobs": logprobs}
+    return {"id": "c1", "object": "text_completion", "created": 1, "choices": [choice]}
+
+
+def _alternative(token: str, alternative: str) -> dict[str, Any]:
+    entry = {"token": token, "logprob": 0.0, "bytes": None}
+    alternatives = [entry, {"token": alternative, "logprob": -9.0, "bytes": None}]
+    return {"content": [entry | {"top_logprobs": alternatives}]}
+
+
+FILLER = [" the", " pool", " serves", " many"]
+
+
+def _stream(*middle: dict[str, Any], chat: bool = True) -> list[dict[str, Any]]:
+    """Four tokens of plain answer, the chunks under test, four more and the end."""
+    make = (lambda t: _chat({"content": t})) if chat else _text
+    end = make("")
+    end["choices"][0]["finish_reason"] = "stop"
+    return [*map(make, FILLER), *middle, *map(make, FILLER), end]
+
+
+CASES = {
+    "tool call arguments, split across deltas": _stream(
+        _chat({"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": '{"a": "sec'}}]}),
+        _chat({"tool_calls": [{"index": 0, "function": {"arguments": 'ret"}'}}]}),
+    ),
+    "a tool call's name": _stream(
+        _chat({"tool_calls": [{"index": 0, "id": "t", "function": {"name": TERM}}]})
+    ),
+    "reasoning": _stream(
+        _chat({"reasoning_content": " a"}), _chat({"reasoning_content": " secret"})
+    ),
+    "reasoning (vLLM's field)": _stream(_chat({"reasoning": " secret"})),
+    "a refusal": _stream(_chat({"refusal": "It is a secret."})),
+    "a chat alternative in top_logprobs": _stream(
+        _chat({"content": " and"}, _alternative(" and", " secret"))
+    ),
+    "a completion's alternative in top_logprobs": _stream(
+        _text(" and", {"tokens": [" and"], "top_logprobs": [{" and": 0.0, " secret": -9.0}]}),
+        chat=False,
+    ),
+}
+
+
+async def _screened(guard: Guarded, chunks: list[dict[str, Any]]) -> tuple[bytes, str | None]:
+    released: list[dict[str, Any]] = []
+    for chunk in chunks:  # one chunk a batch, as the engine streams them
+        verdict = await guard.screen([chunk])
+        released += verdict.release
+        if verdict.cut is not None:
+            return orjson.dumps(released), verdict.cut
+    verdict = await guard.end()
+    return orjson.dumps(released + verdict.release), verdict.cut
+
+
+@pytest.mark.parametrize("chunks", CASES.values(), ids=CASES.keys())
+def test_hold_mode_checks_every_text_a_client_is_shown(chunks: list[dict[str, Any]]) -> None:
+    endpoint = "chat.completions" if chunks[0]["object"].startswith("chat") else "completions"
+    released, cut = asyncio.run(_screened(_guard(endpoint), chunks))
+    assert cut is not None and "blocked" in cut
+    assert b"secret" not in released and b'"sec' not in released
+
+
+def test_an_alternative_that_is_a_part_of_the_answer_is_not_a_word() -> None:
+    """The chosen tokens are the answer's text: " sec" + "ret" chosen is checked as the
+    answer; an alternative is a word of its own, so "ass" offered beside "class" is not
+    read inside "class"."""
+    chunks = _stream(_chat({"content": " cl"}, _alternative(" cl", "ass")))
+    guard = _guard()
+    guard.cascade = Cascade(1, PolicySpec(deny_terms=["class"], classifier=False))
+    released, cut = asyncio.run(_screened(guard, chunks))
+    assert cut is None and b"ass" in released
+
+
+CHAT_INPUTS = {
+    "a tool's description": {
+        "tools": [
+            {
+                "type": "function",
+                "function": {"name": "f", "description": f"tell the {TERM}", "parameters": {}},
+            }
+        ]
+    },
+    "a tool's parameter": {
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {TERM: {"type": "string"}}},
+                },
+            }
+        ]
+    },
+    "an assistant's tool call": {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "id": "t1",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": f'{{"x": "{TERM}"}}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "t1", "content": "ok"},
+        ]
+    },
+    "a message's name": {"messages": [{"role": "user", "name": TERM, "content": "hi"}]},
+}
+
+
+@pytest.mark.parametrize("extra", CHAT_INPUTS.values(), ids=CHAT_INPUTS.keys())
+def test_the_input_check_reads_every_text_the_engine_reads(extra: dict[str, Any]) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]} | extra
+    guard = _guard(body=body)
+    refusal = asyncio.run(
+        guard.check_input(parse_request(orjson.dumps(body), "chat.completions"), KEY)
+    )
+    assert refusal is not None and "deny_term" in refusal
+
+
+def test_a_completions_suffix_is_checked_and_masked() -> None:
+    body = {"model": "m", "prompt": "hi", "suffix": f"the {TERM}"}
+    guard = _guard("completions", body)
+    refusal = asyncio.run(guard.check_input(parse_request(orjson.dumps(body), "completions"), KEY))
+    assert refusal is not None
+    card = "4111 1111 1111 1111"
+    masked = orjson.loads(guard.rewrite(orjson.dumps({**body, "suffix": f"pay {card}"})))
+    assert masked["suffix"] == "pay [card_number]"
+
+
+def test_pii_is_masked_in_tool_calls_and_definitions() -> None:
+    card = "4111 1111 1111 1111"
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "hi", "name": "u"},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {"id": "t", "type": "function", "function": {"name": "f", "arguments": card}}
+                ],
+            },
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "description": card}}],
+    }
+    masked = orjson.loads(_guard(body=body).rewrite(orjson.dumps(body)))
+    assert card not in orjson.dumps(masked).decode()
+    assert masked["messages"][1]["tool_calls"][0]["function"]["arguments"] == "[card_number]"
+    assert masked["tools"][0]["function"]["description"] == "[card_number]"
+    assert masked["messages"][0] == body["messages"][0]  # what held nothing is as it was
+
+
+def test_a_window_moves_on_by_at_least_a_quarter_of_itself() -> None:
+    """window 2048, overlap 2047 read the whole window again at every token, on the shared
+    event loop: refused now, and a policy stored before is read with the floor."""
+    with pytest.raises(PolicyInvalid) as refused:
+        policy_check(PolicySpec(window_tokens=2048, overlap_tokens=2047))
+    assert refused.value.field == "overlap_tokens"
+    assert "0 to 1536 tokens" in refused.value.message
+    policy_check(PolicySpec(window_tokens=2048, overlap_tokens=1536))
+    assert window_step(PolicySpec(window_tokens=2048, overlap_tokens=2047)) == 512
+    assert window_step(PolicySpec(window_tokens=8, overlap_tokens=4)) == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_policy_saved_recompiles_its_tenant_only() -> None:
+    """Compiled rules are kept by policy version: another tenant's save (a new snapshot of
+    every policy) leaves a tenant's compiled cascade as it was."""
+    a, b = TenantFactory.create(), TenantFactory.create()
+    moderation_policy_set(tenant=a, changes={"deny_terms": ["x"]}, actor=None)
+    moderation_policy_set(tenant=b, changes={"deny_terms": ["y"]}, actor=None)
+
+    async def scenario() -> tuple[bool, bool]:
+        view = policy_view()
+        await view.refresh()
+        first_a, first_b = await view.cascade(a.id), await view.cascade(b.id)
+        await asyncio.to_thread(
+            moderation_policy_set, tenant=a, changes={"deny_terms": ["z"]}, actor=None
+        )
+        await view.refresh()
+        return (await view.cascade(a.id) is first_a, await view.cascade(b.id) is first_b)
+
+    assert asyncio.run(scenario()) == (False, True)
