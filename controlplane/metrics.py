@@ -1,14 +1,17 @@
-"""``GET /metrics``: the gateway's Prometheus exposition.
+"""``GET /metrics``: the gateway's Prometheus exposition, for a bearer token only
+(``INFERPLANE_METRICS_TOKEN``; without one configured the endpoint refuses everyone: it
+names tenants and their spend).
 
 Two kinds of series:
 - what the request path records in this process (``inference.api.metrics``): requests,
   errors, tokens, latencies, moderation. With several web processes they are summed over
   all of them (prometheus_client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``), so any
   process's scrape is the whole server's;
-- the platform's shared state, read when scraped: admission queue depth and sequences in
-  flight per pool (Redis, where admission keeps them for every process), replicas by state,
-  batch lines by state and the nearest batch deadline (Postgres). Every web process reports
-  the same value for these: aggregate them with ``max``, not ``sum``.
+- the platform's shared state, read from Redis when scraped: admission queue depth and
+  sequences in flight per pool (where admission keeps them for every process), replicas by
+  state (the catalog the probes publish), batch lines by state and the nearest batch deadline
+  (counted by the sweeper, ``batches.gauges``). A scrape reads no database. Every web
+  process reports the same value for these: aggregate them with ``max``, not ``sum``.
 
 A source that cannot be read leaves its series out and says so in
 ``inferplane_state_up{source}`` (0), rather than failing the scrape.
@@ -20,53 +23,60 @@ import hmac
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 
+import msgspec
 from asgiref.sync import sync_to_async
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
-from django.db.models import Count, Min
 from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
-from batches.models import Batch, Line
+from batches.gauges import BatchGauges, batch_gauges_read
 from batches.runner import BATCH_LINES_KEY  # the workers count lines there (not scraped)
+from contract import Catalog
 from controlplane.redis import redis_sync
 from inference.api.admission import queue_state
-from inference.catalog import pool_prefix
-from inference.models import Pool, Replica
+from inference.catalog import catalog_published, pool_prefix
+from inference.models import Replica
 
 log = logging.getLogger(__name__)
 
 
-_ACTIVE_BATCHES = (Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING, Batch.Status.FINALIZING)
-
-
 class PlatformCollector(Collector):
-    """The shared state, read at scrape time (a few Redis round trips and three queries)."""
+    """The shared state, read at scrape time from Redis alone: the admission state (a few
+    round trips per pool), the catalog the probes publish (replicas by state) and the batch
+    counts the sweeper stores (``batches.gauges``). A scrape costs the database nothing."""
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
             "inferplane_state_up",
-            "Whether the platform's state could be read for this scrape (source: redis, "
-            "database); 0 leaves that source's series out.",
+            "Whether the platform's state could be read for this scrape (source: redis, the "
+            "admission state; catalog, replicas by state, published by the probes; batches, "
+            "counted by the sweeper); 0 leaves that source's series out.",
             labels=["source"],
         )
-        pools: list[str] = []
+        catalog: Catalog | None = None
         try:
-            pools = list(Pool.objects.order_by("name").values_list("name", flat=True))
-            yield from self._replicas()
-            yield from self._batches()
-            up.add_metric(["database"], 1)
-        except DatabaseError:
-            log.warning("metrics: the database could not be read", exc_info=True)
-            up.add_metric(["database"], 0)
+            catalog = catalog_published()
+        except (RedisError, msgspec.DecodeError):
+            log.warning("metrics: the catalog could not be read", exc_info=True)
+        if catalog is not None:
+            yield from self._replicas(catalog)
+        up.add_metric(["catalog"], int(catalog is not None))
         try:
-            yield from self._admission(pools)
+            gauges = batch_gauges_read()
+        except RedisError:
+            gauges = None
+        if gauges is not None:
+            yield from self._batches(gauges)
+        up.add_metric(["batches"], int(gauges is not None))
+        try:
+            yield from self._admission(sorted(catalog.pools) if catalog else [])
             up.add_metric(["redis"], 1)
         except RedisError:
             log.warning("metrics: Redis could not be read", exc_info=True)
@@ -105,58 +115,39 @@ class PlatformCollector(Collector):
             waiting.add_metric([pool], len(state.waiting))
         return (depth, inflight, capacity, waiting)
 
-    def _replicas(self) -> Iterable[Metric]:
+    def _replicas(self, catalog: Catalog) -> Iterable[Metric]:
         replicas = GaugeMetricFamily(
             "inferplane_pool_replicas",
             "The pool's replicas by state (ready, draining, down); kind: dedicated (online) "
             "or spot (batch, may be scaled to zero).",
             labels=["pool", "kind", "state"],
         )
-        counted = {
-            (row["pool__name"], row["state"]): row["n"]
-            for row in Replica.objects.values("pool__name", "state").annotate(n=Count("id"))
-        }
-        for pool, kind in Pool.objects.order_by("name").values_list("name", "kind"):
+        for name, pool in sorted(catalog.pools.items()):
+            states = Counter(replica.state for replica in pool.replicas.values())
             for state in Replica.State.values:
-                replicas.add_metric([pool, kind, state], counted.get((pool, state), 0))
+                replicas.add_metric([name, pool.kind, state], states.get(state, 0))
         return (replicas,)
 
-    def _batches(self) -> Iterable[Metric]:
+    def _batches(self, gauges: BatchGauges) -> Iterable[Metric]:
         lines = GaugeMetricFamily(
             "inferplane_batch_lines",
             "Lines of the batches under way (in progress, finalizing or cancelling) by state.",
             labels=["state"],
         )
-        counted = dict(
-            Line.objects.filter(batch__status__in=_ACTIVE_BATCHES)
-            .values_list("state")
-            .annotate(n=Count("id"))
-            .values_list("state", "n")
-        )
-        for state in Line.State.values:
-            lines.add_metric([state], counted.get(state, 0))
+        for state, n in gauges.lines.items():
+            lines.add_metric([state], n)
         batches = GaugeMetricFamily(
             "inferplane_batches", "Batches by status (the ones not finished).", labels=["status"]
         )
-        by_status = dict(
-            Batch.objects.exclude(status__in=Batch.FINISHED)
-            .values_list("status")
-            .annotate(n=Count("id"))
-            .values_list("status", "n")
-        )
-        for status in Batch.Status.values:
-            if status not in Batch.FINISHED:
-                batches.add_metric([status], by_status.get(status, 0))
+        for status, n in gauges.batches.items():
+            batches.add_metric([status], n)
         deadline = GaugeMetricFamily(
             "inferplane_batch_deadline_seconds",
             "Seconds until the nearest completion window of a batch in progress ends "
             "(absent when none is in progress).",
         )
-        nearest = Batch.objects.filter(status=Batch.Status.IN_PROGRESS).aggregate(
-            at=Min("expires_at")
-        )["at"]
-        if nearest is not None:
-            deadline.add_metric([], nearest.timestamp() - time.time())
+        if gauges.deadline is not None:
+            deadline.add_metric([], gauges.deadline - time.time())
         metrics: list[Metric] = [lines, batches, deadline]
         try:
             stored = redis_sync().hgetall(BATCH_LINES_KEY)
@@ -197,12 +188,8 @@ def _registry() -> CollectorRegistry:
 
 
 def _render(accept: str) -> tuple[bytes, str]:
-    close_old_connections()
-    try:
-        encoder, content_type = choose_encoder(accept)
-        return encoder(_registry()), content_type
-    finally:
-        close_old_connections()
+    encoder, content_type = choose_encoder(accept)
+    return encoder(_registry()), content_type
 
 
 class MetricsConsumer(AsyncHttpConsumer):
@@ -219,15 +206,24 @@ class MetricsConsumer(AsyncHttpConsumer):
             )
             return
         token = settings.INFERPLANE_METRICS_TOKEN
-        if token:
-            presented = headers.get(b"authorization", b"").removeprefix(b"Bearer ").strip()
-            if not hmac.compare_digest(presented, token.encode()):
-                await self.send_response(
-                    401,
-                    b"Unauthorized: send Authorization: Bearer <INFERPLANE_METRICS_TOKEN>.\n",
-                    headers=[*_TEXT, (b"www-authenticate", b"Bearer")],
-                )
-                return
+        if not token:
+            # The exposition names tenants and their spend: never anonymous.
+            await self.send_response(
+                403,
+                b"Forbidden: /metrics is off until INFERPLANE_METRICS_TOKEN is set on the web "
+                b"service (make run generates one in var/metrics-token); Prometheus then sends "
+                b"it as Authorization: Bearer <token>.\n",
+                headers=_TEXT,
+            )
+            return
+        presented = headers.get(b"authorization", b"").removeprefix(b"Bearer ").strip()
+        if not hmac.compare_digest(presented, token.encode()):
+            await self.send_response(
+                401,
+                b"Unauthorized: send Authorization: Bearer <INFERPLANE_METRICS_TOKEN>.\n",
+                headers=[*_TEXT, (b"www-authenticate", b"Bearer")],
+            )
+            return
         accept = headers.get(b"accept", b"").decode("latin-1")
         output, content_type = await sync_to_async(_render)(accept)
         await self.send_response(200, output, headers=[(b"content-type", content_type.encode())])

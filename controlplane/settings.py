@@ -532,8 +532,9 @@ LOGGING = {
 }
 # A label per tenant for this many tenants per process (the first seen); the rest are "other".
 INFERPLANE_METRICS_TENANTS = env_int("INFERPLANE_METRICS_TENANTS", 100, minimum=0)
-# When set, GET /metrics needs "Authorization: Bearer <this>" (else it answers anyone who can
-# reach it: keep it off the public ingress; platform/ lets only Prometheus in).
+# GET /metrics needs "Authorization: Bearer <this>"; unset, it answers no one (the exposition
+# names tenants and their spend). `make run` generates one (var/metrics-token); Compose and
+# the Kubernetes PodMonitor give it to Prometheus.
 INFERPLANE_METRICS_TOKEN = env_str("INFERPLANE_METRICS_TOKEN", "")
 
 # --- Files and batches ------------------------------------------------------------------------

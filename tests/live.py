@@ -25,6 +25,8 @@ from openai import AsyncOpenAI, OpenAI
 from tests import contract
 from tests.engines import ENGINE_API_KEY, LOG_DIR, ROOT, Engine, free_port
 
+METRICS_TOKEN = "test-metrics-token"  # the stacks' INFERPLANE_METRICS_TOKEN
+
 
 @dataclass
 class Stack:
@@ -37,6 +39,11 @@ class Stack:
 
     def async_openai(self, key: str) -> AsyncOpenAI:
         return AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
+
+    def metrics(self, **headers: str) -> httpx.Response:
+        """The gateway's ``GET /metrics``, as Prometheus scrapes it (with the stack's token)."""
+        headers = {"authorization": f"Bearer {METRICS_TOKEN}", **headers}
+        return httpx.get(f"{self.url}/metrics", headers=headers, timeout=10)
 
     def stop(self) -> None:
         for process in self.processes.values():
@@ -73,6 +80,7 @@ def stack_start(
         "REDIS_URL": redis_url or settings.REDIS_URL,
         "INFERPLANE_PROBE_INTERVAL_SECONDS": "2",
         "INFERPLANE_ENGINE_API_KEY": ENGINE_API_KEY,
+        "INFERPLANE_METRICS_TOKEN": METRICS_TOKEN,
         **(extra_env or {}),
     }
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

@@ -519,6 +519,36 @@ def test_engines_require_the_api_key_the_gateway_sends() -> None:
     assert re.search(r"^INFERPLANE_ENGINE_API_KEY=", example, flags=re.M)
 
 
+def test_prometheus_sends_the_metrics_token_the_web_requires() -> None:
+    """GET /metrics answers only INFERPLANE_METRICS_TOKEN's bearer: the web pods read it from
+    the Secret the web PodMonitor sends it from; in Compose the web service requires it and
+    Prometheus reads the same value as a secret file."""
+    docs = _base_docs()
+    expected = {"name": "inferplane-secrets", "key": "INFERPLANE_METRICS_TOKEN"}
+    pod = _pod_spec(_find(docs, "Deployment", "inferplane-web"))
+    web = next(c for c in pod["containers"] if c["name"] == "web")
+    ref = _secret_ref(web, "INFERPLANE_METRICS_TOKEN")
+    assert ref is not None and ref.items() >= expected.items() and not ref.get("optional")
+    monitors = list(yaml.safe_load_all((MONITORING / "k8s" / "podmonitor.yaml").read_text()))
+    (endpoint,) = next(m for m in monitors if m["metadata"]["name"] == "inferplane-web")["spec"][
+        "podMetricsEndpoints"
+    ]
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": expected}
+    example = (PRODUCTION / "secrets.env.example").read_text()
+    assert re.search(r"^INFERPLANE_METRICS_TOKEN=", example, flags=re.M)
+    compose = _compose()
+    assert "INFERPLANE_METRICS_TOKEN:?" in str(compose["services"]["web"]["environment"])
+    assert compose["secrets"]["metrics_token"] == {"environment": "INFERPLANE_METRICS_TOKEN"}
+    prometheus = compose["services"]["prometheus"]
+    assert any("metrics_token" in str(secret) for secret in prometheus["secrets"])
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "inferplane-web"]
+    assert job["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": "/run/secrets/metrics_token",
+    }
+
+
 def _selects(selector: Doc, labels: dict[str, str]) -> bool:
     return bool(selector.get("matchLabels", {}).items() <= labels.items())
 

@@ -105,6 +105,12 @@ def test_compose_prometheus_config_is_valid(tmp_path: Path) -> None:
     config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
     # Compose mounts rules/ at /etc/prometheus/rules: check it with the files where they are.
     config["rule_files"] = [str(MONITORING / "rules" / Path(f).name) for f in config["rule_files"]]
+    # ... and its secret (promtool checks that the token's file exists).
+    token = tmp_path / "metrics_token"
+    token.write_text("a-token\n")
+    for job in config["scrape_configs"]:
+        if "authorization" in job:
+            job["authorization"]["credentials_file"] = str(token)
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     result = promtool("check", "config", str(path))

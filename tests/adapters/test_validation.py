@@ -14,8 +14,9 @@ import pytest
 
 from adapters.validation import CONFIG, WEIGHTS, Rejected, unpack, validate
 from devkit.adapters import TINY, config, lora_tensors, safetensors
+from devkit.tiny_model import VERSION
 
-BASES = ["tiny-chat", "/models/tiny-chat-v2"]
+BASES = ["tiny-chat", f"/models/{VERSION}"]
 MB = 1024 * 1024
 
 

@@ -231,7 +231,7 @@ def test_a_ninety_ten_canary_splits_and_rolls_back_within_a_second(world: World)
         "online-next",
     }
     # The metrics name the target as the ledger does.
-    scraped = httpx.get(f"{url}/metrics", timeout=10).text
+    scraped = world.stack.metrics().text
     counted: Counter[str] = Counter()
     for family in text_string_to_metric_families(scraped):
         for sample in family.samples:
