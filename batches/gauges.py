@@ -5,17 +5,25 @@ nothing, however many batches, lines and tenants there are."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgspec
+from django.conf import settings
 from django.db.models import Count, Min
 
 from batches.models import Batch, Line
 from controlplane.redis import redis_sync
 
 BATCH_GAUGES_KEY = "ip:metrics:batches"
-# Counts older than this are not shown (the sweeper stopped): the series are left out and
-# inferplane_state_up{source="batches"} says 0, rather than stale counts looking current.
-STALE_SECONDS = 120
+
+
+def stale_seconds() -> int:
+    """Counts older than this are not shown (the sweeper stopped): the key expires, the
+    series are left out and inferplane_state_up{source="batches"} says 0, rather than stale
+    counts looking current. Redis expires it: no clock of ours is compared with another."""
+    sweep: Any = settings.CELERY_BEAT_SCHEDULE["sweep-batches"]["schedule"]
+    return max(120, 4 * int(sweep))
+
 
 _ACTIVE = (Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING, Batch.Status.FINALIZING)
 
@@ -57,7 +65,7 @@ def batch_gauges_count() -> BatchGauges:
 
 def batch_gauges_store() -> BatchGauges:
     gauges = batch_gauges_count()
-    redis_sync().set(BATCH_GAUGES_KEY, msgspec.json.encode(gauges), ex=STALE_SECONDS)
+    redis_sync().set(BATCH_GAUGES_KEY, msgspec.json.encode(gauges), ex=stale_seconds())
     return gauges
 
 
@@ -67,7 +75,6 @@ def batch_gauges_read() -> BatchGauges | None:
     if raw is None:
         return None
     try:
-        gauges = msgspec.json.decode(raw, type=BatchGauges)
+        return msgspec.json.decode(raw, type=BatchGauges)
     except msgspec.DecodeError:
         return None
-    return gauges if time.time() - gauges.at < STALE_SECONDS else None

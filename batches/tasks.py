@@ -33,7 +33,15 @@ def batch_finalize_task(batch_id: str) -> None:
 @shared_task(ignore_result=True)
 def batches_sweep_task() -> None:
     """Every few seconds: expire what is past its window, and wake a worker for every batch
-    with work nobody is doing (a worker that died, a message that was lost)."""
+    with work nobody is doing (a worker that died, a message that was lost); and count what
+    /metrics shows of the batches, whatever happened to the rest."""
+    try:
+        _sweep()
+    finally:
+        batch_gauges_store()  # so that a scrape reads no database
+
+
+def _sweep() -> None:
     batches_expire()
     for batch_id in batches_stuck():
         batch = Batch.objects.filter(pk=batch_id).only("status", "ending_at").first()
@@ -46,4 +54,3 @@ def batches_sweep_task() -> None:
         else:  # running, or cancelled while a validator that died held it
             batch_run_task.delay(batch_id)
     files_expired_delete()
-    batch_gauges_store()  # what /metrics shows of the batches, so that a scrape reads none

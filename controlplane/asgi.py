@@ -22,6 +22,7 @@ from django.urls import path, re_path  # noqa: E402
 from batches.asgi import KeyFirst  # noqa: E402
 from controlplane.bodylimit import BoundedBody  # noqa: E402
 from controlplane.metrics import MetricsConsumer  # noqa: E402
+from controlplane.signedin import SignedInFirst  # noqa: E402
 from dashboard.consumers import OpsConsumer  # noqa: E402
 from inference.api.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
 from moderation.classifier import classifier  # noqa: E402
@@ -41,6 +42,8 @@ dashboard_websockets = [
 django_bounded: Any = BoundedBody(django_asgi_app)  # type: ignore[arg-type]
 # The Files and Batch APIs: the key checked from the headers before that (batches.asgi).
 files_api: Any = KeyFirst(django_bounded)
+# Everything else; a LoRA upload's sender checked from the headers first (controlplane.signedin).
+django_rest: Any = SignedInFirst(django_bounded)
 
 application = ProtocolTypeRouter(
     {
@@ -51,7 +54,7 @@ application = ProtocolTypeRouter(
                 path("v1/moderations", ModerationsConsumer.as_asgi()),
                 path("metrics", MetricsConsumer.as_asgi()),
                 *http_urlpatterns,
-                re_path(r"", django_bounded),
+                re_path(r"", django_rest),
             ]
         ),
         "websocket": URLRouter([*websocket_urlpatterns, *dashboard_websockets]),

@@ -24,7 +24,7 @@ Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Routes that take uploads (a LoRA adapter: the API and the dashboard's form).
-_UPLOADS = re.compile(r"^/(api/tenants/[^/]+/adapters/upload|app/t/[^/]+/adapters)/$")
+UPLOADS = re.compile(r"^/(api/tenants/[^/]+/adapters/upload|app/t/[^/]+/adapters)/$")
 _MULTIPART_SLACK = 1024 * 1024  # the form's other fields and the part headers
 
 
@@ -33,7 +33,7 @@ class BodyTooLarge(Exception):
 
 
 def body_limit(path: str) -> int:
-    if _UPLOADS.match(path):
+    if UPLOADS.match(path):
         return int(settings.ADAPTER_MAX_BYTES) + _MULTIPART_SLACK
     if path == "/v1/files":  # a batch input file (the Files API)
         return int(settings.INFERPLANE_FILE_MAX_BYTES) + _MULTIPART_SLACK

@@ -75,6 +75,7 @@ class PlatformCollector(Collector):
         if gauges is not None:
             yield from self._batches(gauges)
         up.add_metric(["batches"], int(gauges is not None))
+        yield from self._processed()
         try:
             yield from self._admission(sorted(catalog.pools) if catalog else [])
             up.add_metric(["redis"], 1)
@@ -148,11 +149,13 @@ class PlatformCollector(Collector):
         )
         if gauges.deadline is not None:
             deadline.add_metric([], gauges.deadline - time.time())
-        metrics: list[Metric] = [lines, batches, deadline]
+        return (lines, batches, deadline)
+
+    def _processed(self) -> Iterable[Metric]:
         try:
             stored = redis_sync().hgetall(BATCH_LINES_KEY)
         except RedisError:
-            return metrics
+            return ()
         processed = CounterMetricFamily(
             "inferplane_batch_lines_processed",
             "Batch lines the workers answered, by outcome (done: 200; failed: an error line).",
@@ -160,8 +163,7 @@ class PlatformCollector(Collector):
         )
         for outcome in ("done", "failed"):
             processed.add_metric([outcome], int(stored.get(outcome.encode(), 0)))
-        metrics.append(processed)
-        return metrics
+        return (processed,)
 
 
 _platform = PlatformCollector()

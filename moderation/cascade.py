@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import orjson
 
 from inference.api.catalog import catalog_view
@@ -222,19 +223,19 @@ class Cascade:
             }
         )
         try:
-            async with engine_session().post(
-                replica.url.rstrip("/") + "/classify",
-                data=body,
-                headers={"content-type": "application/json", **engine_auth_headers()},
-            ) as response:
-                raw = await response.read()
-                if response.status >= 500:
-                    _failed_at[replica.url] = time.monotonic()
-                if response.status != 200:
-                    raise GuardFailed(f"the engine answered {response.status}")
+            try:
+                status, raw = await _classify(replica.url, body)
+            except aiohttp.ServerDisconnectedError:
+                # Most likely a pooled keep-alive connection the engine had just closed: one
+                # fresh try before calling the replica failed (as the gateway's relay does).
+                status, raw = await _classify(replica.url, body)
         except TRANSPORT_ERRORS as exc:
             _failed_at[replica.url] = time.monotonic()
             raise GuardFailed(f"unreachable ({type(exc).__name__})") from exc
+        if status >= 500:
+            _failed_at[replica.url] = time.monotonic()
+        if status != 200:
+            raise GuardFailed(f"the engine answered {status}")
         _failed_at.pop(replica.url, None)
         try:
             data = orjson.loads(raw)["data"]
@@ -246,6 +247,15 @@ class Cascade:
             return out
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
             raise GuardFailed("its answer was not a classification") from exc
+
+
+async def _classify(url: str, body: bytes) -> tuple[int, bytes]:
+    async with engine_session().post(
+        url.rstrip("/") + "/classify",
+        data=body,
+        headers={"content-type": "application/json", **engine_auth_headers()},
+    ) as response:
+        return response.status, await response.read()
 
 
 def _left(deadline: float) -> float:

@@ -166,63 +166,72 @@ def moderation_checked(stage: str, found: Assessment, seconds: float | None = No
 # --- the input --------------------------------------------------------------------------------
 
 
-def _strings(value: Any, rewrite: Any) -> Any:
-    """Every string in a JSON value (a tool's definition: its name, description and
-    parameters' schema; keys too, a property's name is read as well), rewritten; the value
-    itself when nothing changed."""
-    if isinstance(value, str):
-        return rewrite(value)
-    if isinstance(value, list):
-        items = [_strings(item, rewrite) for item in value]
-        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
-    if isinstance(value, dict):
-        pairs = [(rewrite(k), _strings(v, rewrite)) for k, v in value.items()]
-        same = all(k is a and v is b for (k, v), (a, b) in zip(pairs, value.items(), strict=True))
-        return value if same else dict(pairs)
-    return value
+def _walk(value: Any, rewrite: Any) -> None:
+    """Every string inside a JSON list or object (a tool's definition: its name, description
+    and parameters' schema; keys too, a property's name is read as well) through ``rewrite``,
+    in place where it changes one. A loop, not recursion: any depth the JSON parser took."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                if isinstance(item, str):
+                    new = rewrite(item)
+                    if new is not item:
+                        node[i] = new
+                elif isinstance(item, list | dict):
+                    stack.append(item)
+        elif isinstance(node, dict):
+            for key in list(node):
+                item = node[key]
+                new_key = rewrite(key) if isinstance(key, str) else key
+                if isinstance(item, str):
+                    new = rewrite(item)
+                    if new is not item or new_key is not key:
+                        del node[key]
+                        node[new_key] = new
+                    continue
+                if new_key is not key:
+                    node[new_key] = node.pop(key)
+                if isinstance(item, list | dict):
+                    stack.append(item)
 
 
 def _rewrite(container: Any, key: Any, rewrite: Any) -> None:
     value = container[key]
-    new = _strings(value, rewrite)
-    if new is not value:
-        container[key] = new
+    if isinstance(value, str):
+        new = rewrite(value)
+        if new is not value:
+            container[key] = new
+    else:
+        _walk(value, rewrite)
 
 
 def engine_read(body: dict[str, Any], rewrite: Any) -> None:
-    """Every text of a request the engine will read, through ``rewrite`` (a string in, the
-    same string or another out; stored only when another): each message's content (text
-    parts), ``name``, refusal and reasoning, an assistant's tool calls (name and arguments),
-    the tools' definitions; a completion's prompts and ``suffix``. The input check reads
-    them all, PII masking masks them all."""
-    for message in body.get("messages") or ():
+    """Every text of a request the engine may read, through ``rewrite`` (a string in, the
+    same string or another out; stored only when another): every field of every message but
+    its role (content's text and refusal parts, ``name``, tool calls, ``tool_call_id``,
+    reasoning, whatever a chat template may render), the tools' definitions, the template's
+    ``chat_template_kwargs``; a completion's prompts and ``suffix``. The input check reads
+    them all, PII masking masks them all. Images and audio are not text: not read."""
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else ():
         if not isinstance(message, dict):
             continue
-        content = message.get("content")
-        if isinstance(content, str):
-            _rewrite(message, "content", rewrite)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    _rewrite(part, "text", rewrite)
-        for name in ("name", "refusal", "reasoning_content", "reasoning"):
-            if isinstance(message.get(name), str):
+        for name in list(message):
+            content = message[name]
+            if name == "role":
+                continue
+            if name == "content" and isinstance(content, list):
+                for part in content:
+                    for field in ("text", "refusal"):
+                        if isinstance(part, dict) and isinstance(part.get(field), str):
+                            _rewrite(part, field, rewrite)
+            else:
                 _rewrite(message, name, rewrite)
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict):
-                for part in ("name", "arguments"):
-                    if isinstance(function.get(part), str):
-                        _rewrite(function, part, rewrite)
-    if isinstance(body.get("tools"), list):
-        _rewrite(body, "tools", rewrite)
-    prompt = body.get("prompt")
-    if isinstance(prompt, str) or (
-        isinstance(prompt, list) and all(isinstance(p, str) for p in prompt)
-    ):
-        _rewrite(body, "prompt", rewrite)
-    if isinstance(body.get("suffix"), str):
-        _rewrite(body, "suffix", rewrite)
+    for name in ("tools", "chat_template_kwargs", "prompt", "suffix"):
+        if name in body:
+            _rewrite(body, name, rewrite)
 
 
 def input_texts(parsed: ParsedRequest) -> list[str] | None:

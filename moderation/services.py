@@ -16,7 +16,7 @@ from controlplane.redis import redis_sync
 from inference.models import Model
 from moderation.categories import CATEGORIES
 from moderation.models import ModerationEvent, ModerationPolicy
-from moderation.policy import ACTIONS, PolicyInvalid, policy_check
+from moderation.policy import ACTIONS, PolicyInvalid, min_step, policy_check
 from moderation.publishing import policies_publish, policy_spec
 from tenants.models import Tenant, User
 from tenants.services import audit_record
@@ -85,6 +85,11 @@ def moderation_policy_set(
             "guard_model",
             f"no classification model named {policy.guard_model!r} that this organization may use",
         )
+    if "window_tokens" not in changes and "overlap_tokens" not in changes:
+        # Saved before windows had to move on by a quarter of themselves: the gateways read
+        # it with that floor already (window_step); a save of other fields keeps it readable.
+        most = policy.window_tokens - min_step(policy.window_tokens)
+        policy.overlap_tokens = min(policy.overlap_tokens, max(0, most))
     policy.deny_terms = _dedupe([str(t).strip() for t in policy.deny_terms or ()])
     policy.regexes = _dedupe([str(r) for r in policy.regexes or ()])
     policy.updated_at = datetime.now(UTC)

@@ -104,8 +104,14 @@ class Lifecycle:
         )
         life = cls(call, output_filter=output_filter, input_check=input_check)
         if build is not None:
-            guard = build(call.rid, call.parsed, life.relay.completion_by_choice)
-            call.body = guard.rewrite(call.body)
+            try:
+                guard = build(call.rid, call.parsed, life.relay.completion_by_choice)
+                call.body = guard.rewrite(call.body)
+            except BaseException as exc:
+                # The call holds its admission and leases already: released (and the
+                # refusal metered) as a caller's ``async with`` would have.
+                await life.__aexit__(type(exc), exc, exc.__traceback__)
+                raise
             life.output_filter, life.input_check = guard, guard.input_check
         return life
 

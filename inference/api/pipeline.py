@@ -361,6 +361,12 @@ async def prepare(
     else:
         rid = request_id_new()
     salt = cache_salt(key.tenant_id, parsed.body.get("cache_salt"))
+    served_name = adapter.engine_name if adapter else model.served_name
+    # Before anything is held: a body the engine cannot be sent is refused with nothing to
+    # give back.
+    body = upstream_body(
+        parsed, served_name=served_name, max_tokens=max_tokens, cache_salt=salt, whole=whole
+    )
     completion_estimate = parsed.sequences * (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
     rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=started_at.timestamp())
     grant = await limits.acquire(
@@ -408,15 +414,9 @@ async def prepare(
             replica=replica,
             max_loras=pool_info.max_loras,
         ),
-        served_name=adapter.engine_name if adapter else model.served_name,
+        served_name=served_name,
         grant=grant,
-        body=upstream_body(
-            parsed,
-            served_name=adapter.engine_name if adapter else model.served_name,
-            max_tokens=max_tokens,
-            cache_salt=salt,
-            whole=whole,
-        ),
+        body=body,
         started_at=started_at,
         t0=t0,
         headers=[(b"x-request-id", rid.encode()), *grant.headers],

@@ -280,7 +280,12 @@ def upstream_body(
     body.pop("max_tokens", None)
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
-    return orjson.dumps(body)
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:  # deeper than orjson writes (255 levels), though it read it
+        raise invalid_request(
+            "The request body is nested too deeply (at most 255 levels of arrays and objects)."
+        ) from None
 
 
 def check_max_tokens(parsed: ParsedRequest, *, context_length: int, tenant_cap: int) -> int | None:

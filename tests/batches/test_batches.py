@@ -7,6 +7,7 @@ the ledger equal to the output files."""
 from __future__ import annotations
 
 import io
+import os
 import socket
 import tempfile
 import time
@@ -550,5 +551,51 @@ def test_four_downloads_of_a_big_file_hold_the_web_process_flat(world: World) ->
             assert list(pool.map(download, range(4))) == [size] * 4
         grown_mib = (_rss_kib(web, "VmHWM") - before) / 1024
         assert grown_mib < 64, f"the web process grew by {grown_mib:.0f} MiB"
+    finally:
+        default_storage.delete(path)
+
+
+def _open_fds(pid: int, path: str) -> int:
+    """How many of the process's file descriptors are open on ``path``."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd) == path
+        except FileNotFoundError:
+            continue  # closed meanwhile
+    return count
+
+
+def test_a_download_the_client_leaves_closes_its_file(world: World) -> None:
+    """A client that goes away mid-download leaves no file open in the web process. The
+    client reads through a small socket buffer, so the server is still sending (its file
+    open) when the client leaves."""
+    tenant, key = world.tenant()
+    size = 32 * 2**20
+    with tempfile.TemporaryFile() as spool:
+        spool.write(b"x" * size)
+        spool.seek(0)
+        path = default_storage.save(f"files/{tenant.pk}/left.jsonl", DjangoFile(spool))
+    row = File.objects.create(
+        tenant=tenant, purpose=File.Purpose.BATCH_OUTPUT, filename="left.jsonl", bytes=size,
+        lines=1, path=path,
+    )  # fmt: skip
+    web = world.stack.processes["web"].pid
+    where = default_storage.path(path)
+    port = int(world.stack.url.rsplit(":", 1)[1])
+    request = (
+        f"GET /v1/files/{row.id}/content HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {key}\r\n\r\n"
+    ).encode()
+    try:
+        for _ in range(3):
+            with socket.socket() as conn:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+                conn.settimeout(30)
+                conn.connect(("127.0.0.1", port))
+                conn.sendall(request)
+                assert conn.recv(1 << 16).startswith(b"HTTP/1.1 200")
+                wait_for(lambda: _open_fds(web, where) == 1, timeout=10)  # still sending
+        wait_for(lambda: _open_fds(web, where) == 0, timeout=10)
     finally:
         default_storage.delete(path)

@@ -6,13 +6,15 @@ gateway drives it, with a real policy's rules and Redis for its events."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import orjson
 import pytest
 
 from inference.api.auth import KeyInfo
-from inference.api.schema import parse_request
+from inference.api.errors import ApiError
+from inference.api.schema import parse_request, upstream_body
 from moderation.cascade import Cascade
 from moderation.gateway import Guarded, policy_view
 from moderation.policy import PolicyInvalid, PolicySpec, policy_check, window_step
@@ -170,6 +172,19 @@ CHAT_INPUTS = {
         ]
     },
     "a message's name": {"messages": [{"role": "user", "name": TERM, "content": "hi"}]},
+    "a refusal part": {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": f"no {TERM}"}]},
+        ]
+    },
+    "a tool call's id": {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "tool", "tool_call_id": f"{TERM}-1", "content": "ok"},
+        ]
+    },
+    "the chat template's arguments": {"chat_template_kwargs": {"persona": f"a {TERM} agent"}},
 }
 
 
@@ -246,3 +261,64 @@ def test_a_policy_saved_recompiles_its_tenant_only() -> None:
         return (await view.cascade(a.id) is first_a, await view.cascade(b.id) is first_b)
 
     assert asyncio.run(scenario()) == (False, True)
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"description": TERM}
+    for _ in range(depth):
+        value = {"type": "object", "properties": {"x": value}}
+    return value
+
+
+ODD = {
+    "tool_calls that is a number": {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": 1}]
+    },
+    "messages of odd shapes": {"messages": [{"role": "user", "content": "hi"}, 3, "x", None]},
+    "tools nested 240 levels deep": {
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": _nested(120)}}]
+    },
+}
+
+
+@pytest.mark.parametrize("extra", ODD.values(), ids=ODD.keys())
+def test_odd_shapes_are_read_or_refused_never_a_crash(extra: dict[str, Any]) -> None:
+    """Whatever the schema lets through is read without an exception (an exception here left
+    the request's admission slot held for good, once masking was on): a deep tool definition
+    is read to its bottom."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]} | extra
+    try:
+        parsed = parse_request(orjson.dumps(body), "chat.completions")
+    except ApiError as refused:
+        assert refused.status == 400
+        return
+    guard = _guard(body=body)
+    refusal = asyncio.run(guard.check_input(parsed, KEY))
+    assert (refusal is not None) == (TERM in orjson.dumps(body).decode())
+    card = "4111 1111 1111 1111"
+    masked = guard.rewrite(orjson.dumps(body).replace(TERM.encode(), card.encode()))
+    assert card.encode() not in masked
+
+
+def test_a_body_nested_deeper_than_the_engine_can_be_sent_is_a_400() -> None:
+    """orjson reads 1,024 levels but writes 255: such a body was read, admitted, and then
+    failed (a 500, its admission slot never given back); refused before anything is held."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": _nested(150)}}]
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    parsed = parse_request(json.dumps(body).encode(), "chat.completions")  # as a client wrote it
+    with pytest.raises(ApiError) as refused:
+        upstream_body(parsed, served_name="m", max_tokens=None, cache_salt="s")
+    assert refused.value.status == 400 and "nested too deeply" in str(refused.value)
+
+
+@pytest.mark.django_db
+def test_a_policy_saved_before_the_floor_saves_its_other_fields() -> None:
+    """A stored overlap over three quarters of the window (allowed once) does not make every
+    later save fail: it is brought to the floor the gateways already read it with."""
+    tenant = TenantFactory.create()
+    policy = moderation_policy_set(tenant=tenant, changes={"window_tokens": 64}, actor=None)
+    type(policy).objects.filter(pk=policy.pk).update(overlap_tokens=63)
+    saved = moderation_policy_set(tenant=tenant, changes={"budget_ms": 500}, actor=None)
+    assert (saved.window_tokens, saved.overlap_tokens, saved.budget_ms) == (64, 48, 500)
+    with pytest.raises(PolicyInvalid):  # asked for by name, it is refused with the reason
+        moderation_policy_set(tenant=tenant, changes={"overlap_tokens": 63}, actor=None)
