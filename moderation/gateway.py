@@ -6,8 +6,10 @@ moderated the same way, and a tenant without a policy pays nothing.
 
 **Input.** Every text the engine reads (``engine_read``: messages with their names, tool
 calls and reasoning, the tools' definitions, prompts, ``suffix``) goes through the tenant's
-cascade while the engine does its prefill; the first token is released only once it passed.
-Token-id prompts carry no text to read: the policy's fail-open/closed choice decides them.
+rules before the request is sent (``input_rules``: a prompt they block costs the engine
+nothing), then its models while the engine does its prefill (``check_input``); the first
+token is released only once both passed. Token-id prompts carry no text to read: the
+policy's fail-open/closed choice decides them.
 
 **Output.** Every text a choice shows the client (``visible_texts``: its answer, refusal,
 reasoning, tool calls and ``top_logprobs`` alternatives) is checked on a sliding window:
@@ -384,6 +386,7 @@ class Guarded:
         self.choices: dict[int, _Choice] = {}
         self.tail: list[Chunk] = []  # what follows the text (the usage chunk)
         self.input_found: Assessment | None = None
+        self.input_text: str | None = None  # the input the models check beside the prefill
         self.output_found: Assessment | None = None
         self.show = False  # a flag fired: the answer carries the moderation object
         self.output_action: str | None = None  # the strongest output event recorded
@@ -396,20 +399,42 @@ class Guarded:
 
     @property
     def input_check(self) -> InputCheck | None:
-        return self.check_input if self.spec.check_input else None
+        """The models' check beside the prefill, when the rules let the input through and
+        the policy has models (``input_rules`` ran first)."""
+        if self.input_text is None or not (self.spec.classifier or self.spec.guard_model):
+            return None
+        return self.check_input
 
-    # the input check (seams.InputCheck)
-    async def check_input(self, parsed: ParsedRequest, key: KeyInfo) -> str | None:
+    # before the request is sent (seams.RequestGuard.input_rules)
+    async def input_rules(self, parsed: ParsedRequest, key: KeyInfo) -> str | None:
+        """The rules (deny terms, regexes, PII to block), tens of microseconds: an input
+        they block is never sent to the engine, so it costs nothing and the engine counts
+        nothing. Token-id prompts carry no text: the fail-open/closed choice decides them."""
+        if not self.spec.check_input:
+            return None
         texts = input_texts(parsed)
         if texts is None:
             found = Assessment(failure="token-id prompts carry no text to check")
             found.escalate("log" if self.spec.fail_open else "block")
-            text = ""
-        else:
-            checked = time.perf_counter()
-            found = (await self.cascade.assess(texts))[0]
+            return await self._input_verdict(found, "", key)
+        checked = time.perf_counter()
+        found = self.cascade.check_rules(texts)[0]
+        if found.action == "block" or not (self.spec.classifier or self.spec.guard_model):
             moderation_checked("input", found, time.perf_counter() - checked)
-            text = texts[0]
+            return await self._input_verdict(found, texts[0], key)
+        self.input_found, self.input_text = found, texts[0]  # the models add theirs
+        return None
+
+    # the input check beside the prefill (seams.InputCheck)
+    async def check_input(self, parsed: ParsedRequest, key: KeyInfo) -> str | None:
+        text = self.input_text or ""
+        checked = time.perf_counter()
+        found = self.input_found or Assessment()
+        found.merge((await self.cascade.assess([text], rules=False))[0])
+        moderation_checked("input", found, time.perf_counter() - checked)
+        return await self._input_verdict(found, text, key)
+
+    async def _input_verdict(self, found: Assessment, text: str, key: KeyInfo) -> str | None:
         self.input_found = found
         if found.action is None:
             return None

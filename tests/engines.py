@@ -70,19 +70,37 @@ class Engine:
         self.stop()
         pytest.fail(f"engine on :{self.port} not ready after {timeout:.0f}s:\n{self.log_tail()}")
 
+    def running(self) -> bool:
+        """Whether any process of the engine's group is left. The group, not the ``sh -c``
+        at its head: that one can be gone while vLLM is still shutting down (an engine left
+        over from a stop that looked at the shell alone outlived its test session)."""
+        self.process.poll()  # a shell that ended is reaped: a zombie would count as left
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
     def kill(self) -> None:
         """Die like a lost spot VM: no goodbye to clients."""
-        if self.process.poll() is None:
+        if self.running():
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=30)
+        self._wait_gone(30)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
+        if self.running():
             os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            if not self._wait_gone(30) and self.running():
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self._wait_gone(30)
+
+    def _wait_gone(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while self.running():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
 
 def engine_popen(command: str, log: IO[bytes]) -> subprocess.Popen[bytes]:

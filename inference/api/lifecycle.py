@@ -40,6 +40,7 @@ from inference.api.pipeline import Call, MidStreamError, Relay, State, finish, p
 from inference.api.seams import (
     InputCheck,
     OutputFilter,
+    RequestGuard,
     Screened,
     cut_chunks,
     guard_for,
@@ -63,6 +64,7 @@ class Lifecycle:
         self.relay = Relay(call)
         self.output_filter = output_filter
         self.input_check = input_check
+        self.guard: RequestGuard | None = None  # the tenant's moderation, when it has one
 
     @classmethod
     async def begin(
@@ -108,22 +110,31 @@ class Lifecycle:
                 guard = build(call.rid, call.parsed, life.relay.completion_by_choice)
                 call.body = guard.rewrite(call.body)
             except BaseException as exc:
-                # The call holds its admission and leases already: released (and the
-                # refusal metered) as a caller's ``async with`` would have.
+                # The call holds its admission and leases already: released (and metered)
+                # as a caller's ``async with`` would have.
                 await life.__aexit__(type(exc), exc, exc.__traceback__)
                 raise
-            life.output_filter, life.input_check = guard, guard.input_check
+            life.output_filter, life.guard = guard, guard
         return life
 
     async def start(self) -> None:
         """Send the request (``Relay.start``) and, with an input check, run it meanwhile:
-        this returns once both are through, so nothing reaches the client unchecked. A
-        refusal raises the 400 the client gets (``seams.input_refused``)."""
+        this returns once both are through, so nothing reaches the client unchecked (a
+        guard's cheap checks run before the request is sent). A refusal raises the 400 the
+        client gets (``seams.input_refused``)."""
+        call = self.call
+        if self.guard is not None:
+            # The guard's cheap checks first: an input they refuse is never sent (the engine
+            # does nothing for it, so nothing is billed); then its check beside the prefill.
+            refused = await self.guard.input_rules(call.parsed, call.key)
+            if refused is not None:
+                call.fail(refused, outcome=State.FILTERED)
+                raise input_refused(refused)
+            self.input_check = self.guard.input_check
         check = self.input_check
         if check is None:
             await self.relay.start()
             return
-        call = self.call
         # The engine's request first: the check's own CPU then overlaps the prefill rather
         # than delaying the request (tasks run in the order they were made).
         starting = asyncio.ensure_future(self.relay.start())

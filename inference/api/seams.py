@@ -61,8 +61,12 @@ InputCheck = Callable[[ParsedRequest, KeyInfo], Awaitable[str | None]]
 
 
 class RequestGuard(OutputFilter, Protocol):
-    """One request's guard: its output filter, its input check (None: input not checked),
-    and what it makes of the engine's request body before it is sent (masking, say)."""
+    """One request's guard: what it checks of the input before the request is sent (cheap
+    checks: a refusal then costs the engine nothing), its input check beside the prefill
+    (None: nothing more to check; read once ``input_rules`` passed), its output filter, and
+    what it makes of the engine's request body before it is sent (masking, say)."""
+
+    async def input_rules(self, parsed: ParsedRequest, key: KeyInfo) -> str | None: ...
 
     @property
     def input_check(self) -> InputCheck | None: ...

@@ -64,7 +64,7 @@ def spare() -> Iterator[list[Engine]]:
 
 @pytest.fixture
 def second_engine(spare: list[Engine]) -> Engine:
-    if spare[0].process.poll() is not None:
+    if not spare[0].running():
         spare[0] = engine_start()
         spare[0].wait_ready()
     return spare[0]

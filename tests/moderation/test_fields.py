@@ -193,7 +193,7 @@ def test_the_input_check_reads_every_text_the_engine_reads(extra: dict[str, Any]
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]} | extra
     guard = _guard(body=body)
     refusal = asyncio.run(
-        guard.check_input(parse_request(orjson.dumps(body), "chat.completions"), KEY)
+        guard.input_rules(parse_request(orjson.dumps(body), "chat.completions"), KEY)
     )
     assert refusal is not None and "deny_term" in refusal
 
@@ -201,7 +201,7 @@ def test_the_input_check_reads_every_text_the_engine_reads(extra: dict[str, Any]
 def test_a_completions_suffix_is_checked_and_masked() -> None:
     body = {"model": "m", "prompt": "hi", "suffix": f"the {TERM}"}
     guard = _guard("completions", body)
-    refusal = asyncio.run(guard.check_input(parse_request(orjson.dumps(body), "completions"), KEY))
+    refusal = asyncio.run(guard.input_rules(parse_request(orjson.dumps(body), "completions"), KEY))
     assert refusal is not None
     card = "4111 1111 1111 1111"
     masked = orjson.loads(guard.rewrite(orjson.dumps({**body, "suffix": f"pay {card}"})))
@@ -293,7 +293,7 @@ def test_odd_shapes_are_read_or_refused_never_a_crash(extra: dict[str, Any]) -> 
         assert refused.status == 400
         return
     guard = _guard(body=body)
-    refusal = asyncio.run(guard.check_input(parsed, KEY))
+    refusal = asyncio.run(guard.input_rules(parsed, KEY))
     assert (refusal is not None) == (TERM in orjson.dumps(body).decode())
     card = "4111 1111 1111 1111"
     masked = guard.rewrite(orjson.dumps(body).replace(TERM.encode(), card.encode()))
