@@ -143,13 +143,17 @@ def test_a_guard_that_stops_answering_fails_closed_or_open_within_the_budget(
     assert waited < 10
     events = _events(tenant, 3)
     # Closed: the input blocked. Open: the input logged, then the output (its first window)
-    # logged: each check waited its budget (a timeout marks nothing: the health probe does).
+    # logged. Each check waited its budget (a timeout marks nothing), until the health probe
+    # marked the stopped replica down (it may have, by the later checks): then none is ready.
     assert [(e.where, e.action) for e in events] == [
         ("input", "block"),
         ("input", "log"),
         ("output", "log"),
     ]
-    assert all("within the time budget" in e.failure for e in events)
+    assert "within the time budget" in events[0].failure
+    assert all(
+        "within the time budget" in e.failure or "no replica ready" in e.failure for e in events
+    )
     assert all("tiny-guard" in e.failure for e in events)
     # Back: once the health probe has the replica ready again (it may have marked it down
     # while it was stopped), the guard is asked again.
@@ -177,7 +181,7 @@ def test_one_tenants_timeouts_fail_the_guard_for_no_other_tenant(
     # stays ready), so the hasty tenant's checks surely run out of their 10 ms.
     os.killpg(guard_engine.process.pid, signal.SIGSTOP)
     try:
-        for _ in range(4):  # through each web process, whichever takes the connection
+        for _ in range(2):  # the stack's one web process: the one the other tenant meets
             response = _chat(guarded, hasty_key, "Tell me about a dog.")
             assert response.status_code == 200  # fail open: its own text passes unchecked
     finally:
@@ -185,8 +189,8 @@ def test_one_tenants_timeouts_fail_the_guard_for_no_other_tenant(
     assert _chat(guarded, other_key, "Tell me about a dog.").status_code == 200
     refused = _chat(guarded, other_key, "Tell me about a fox.")
     assert refused.status_code == 400 and "violence" in refused.json()["error"]["message"]
-    events = _events(hasty, 4)
-    assert all("within the time budget" in e.failure for e in events[:4])
+    events = _events(hasty, 2)
+    assert all("within the time budget" in e.failure for e in events[:2])
 
 
 def test_a_tenant_names_only_a_guard_model_it_may_call(guarded: World) -> None:
