@@ -99,7 +99,7 @@ class Engine:
         while self.running():
             if time.monotonic() > deadline:
                 return False
-            time.sleep(0.1)
+            time.sleep(0.1)  # polling the process group, bounded: no wait on the engine's speed
         return True
 
 
