@@ -24,12 +24,13 @@ TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
 export INFERPLANE_CACHE := $(CACHE)
 export ENGINE_PYTHON MODEL_DIR GUARD_MODEL_DIR
 
-.PHONY: help setup run test test-groups test-quick lint typecheck imports migrations pytest bench clean engine model guard venv browser promtool lock
+.PHONY: help setup run test test-groups test-quick test-under-load lint typecheck imports migrations pytest bench clean engine model guard venv browser promtool lock
 
 help:
 	@echo "make run    - set up and run the platform (web :8000, engines :8101/:8102, worker, beat)"
 	@echo "make test   - lint, strict type-check, import contracts, migrations check, the test suite"
 	@echo "make test-quick - the inner loop: lint, types, contracts, and the tests that need no engine or browser"
+	@echo "make test-under-load - the tests that depend on when the engine does things, with its engine busy"
 	@echo "make lock   - re-resolve the dependencies into requirements.lock"
 	@echo "make setup  - only build the virtualenvs and the tiny model"
 	@echo "make bench  - run the benchmarks (overhead, fairness, ledger, LoRA, dashboard, batch, moderation); see bench/RESULTS.md"
@@ -152,6 +153,11 @@ test: lint typecheck imports migrations test-groups
 # No engine, no live stack, no browser (the markers are tests/README.md's groups).
 test-quick: lint typecheck imports migrations venv promtool
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -m "not engine and not stack and not browser" --durations=10 $(PYTEST_ARGS)
+
+# The tests marked under_load, with four long streams of another tenant on their engine the
+# whole time (bench.engine_load; tests/README.md, "Under load").
+test-under-load: setup promtool
+	INFERPLANE_TEST_ENGINE_LOAD=4 DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -m under_load --durations=10 $(PYTEST_ARGS)
 
 # Benchmarks use a database and a Redis database of their own (BENCH_DATABASE_URL,
 # BENCH_REDIS_URL) and start their own engine and gateway.

@@ -74,6 +74,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     engines.stop_all()
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """What the load beside the tests did, if there was one (``make test-under-load``)."""
+    from tests import engines
+
+    for line in engines.load_summaries:
+        terminalreporter.write_line(line)
+
+
 def _flush_outliving_deadlocks(test_case: Any, attempts: int = 5) -> None:
     """A transactional test's flush (one TRUNCATE of every table) takes its locks table by
     table while a live stack's worker may still be writing (a usage record takes its tenant's

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -173,9 +176,89 @@ def stop_all() -> None:
         started.stop()
 
 
+# Under load (tests/README.md): ``INFERPLANE_TEST_ENGINE_LOAD=K`` keeps K long streams of
+# another tenant running on the session's ``engine`` while its tests run (``bench.engine_load``,
+# started once the engine is ready, stopped before it). ``make test-under-load`` sets it.
+ENGINE_LOAD = int(os.environ.get("INFERPLANE_TEST_ENGINE_LOAD", "0"))
+loads: dict[int, EngineLoad] = {}  # by the engine's port
+load_summaries: list[str] = []  # printed at the end of the run (tests/conftest.py)
+
+
+@dataclass
+class EngineLoad:
+    """``bench.engine_load`` running on an engine: drained (its streams finish, none
+    aborted) to read the engine's counters, and what it made is known to the token."""
+
+    engine: Engine
+    process: subprocess.Popen[str]
+    made: dict[str, float] = field(default_factory=dict)
+
+    def _line(self) -> str:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            pytest.fail(f"the load on :{self.engine.port} ended: {self.process.wait()}")
+        return line.strip()
+
+    def _streaming(self) -> None:
+        line = self._line()
+        if line != "streaming":
+            pytest.fail(f"the load on :{self.engine.port} did not start: {line}")
+
+    def drain(self) -> dict[str, float]:
+        """Every stream of the load finished; the engine's prompt and generation counters'
+        share of it so far."""
+        self.process.send_signal(signal.SIGUSR1)
+        totals = json.loads(self._line())
+        self.made = {
+            "vllm:prompt_tokens_total": totals["prompt_tokens"],
+            "vllm:generation_tokens_total": totals["completion_tokens"],
+        }
+        return self.made
+
+    def resume(self) -> None:
+        """The streams run again; returns once every one is under way."""
+        self.process.send_signal(signal.SIGUSR2)
+        self._streaming()
+
+
+@contextmanager
+def engine_load(engine: Engine, streams: int) -> Iterator[None]:
+    """``streams`` long streams on ``engine`` until the block ends; the block starts once every
+    stream has its first token. At the end its summary is printed with the run's, and a load
+    that died on the way fails the session (the tests would have run without it)."""
+    command = [sys.executable, "-m", "bench.engine_load", "--url", engine.url]
+    command += ["--streams", str(streams), "--key", ENGINE_API_KEY]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    load = EngineLoad(engine, process)
+    try:
+        load._streaming()
+    except BaseException:
+        process.kill()
+        raise
+    loads[engine.port] = load
+    try:
+        yield
+    finally:
+        del loads[engine.port]
+        alive = process.poll() is None
+        process.terminate()
+        rest, _ = process.communicate(timeout=30)
+        summary = rest.strip().splitlines()[-1:] or ["(nothing)"]
+        load_summaries.append(f"load on the engine :{engine.port}: {summary[0]}")
+        if not alive:
+            pytest.fail(f"the load on :{engine.port} stopped before the tests did: {rest}")
+
+
 def _session_engine(name: str) -> Iterator[Engine]:
     started = started_engine(name)
-    yield started
+    if name == "engine" and ENGINE_LOAD:
+        with engine_load(started, ENGINE_LOAD):
+            yield started
+    else:
+        yield started
     started.stop()
 
 

@@ -22,7 +22,7 @@ import pytest
 from django.conf import settings
 from openai import AsyncOpenAI, OpenAI
 
-from tests import contract
+from tests import contract, engines
 from tests.engines import ENGINE_API_KEY, LOG_DIR, ROOT, Engine, free_port
 
 METRICS_TOKEN = "test-metrics-token"  # the stacks' INFERPLANE_METRICS_TOKEN
@@ -191,8 +191,13 @@ def engine_counters(engine: Engine) -> dict[str, float]:
 
 def settled_counters(engine: Engine) -> dict[str, float]:
     """The engine's counters once it is idle and they stop moving (its metrics endpoint is
-    served by the same starved process as its streams, so a read can lag a little)."""
+    served by the same starved process as its streams, so a read can lag a little). Under
+    load (``make test-under-load``) the load is drained first and started again after, and
+    what it made is taken off the prompt and generation counters: they count the tests'
+    requests alone, to the token."""
     previous: dict[str, float] = {}
+    load = engines.loads.get(engine.port)
+    made = load.drain() if load else {}
 
     def stable() -> dict[str, float] | None:
         nonlocal previous
@@ -202,7 +207,9 @@ def settled_counters(engine: Engine) -> dict[str, float]:
         return current if settled else None
 
     result: dict[str, float] = wait_for(stable, timeout=30, every=0.5)
-    return result
+    if load:
+        load.resume()
+    return {name: value - made.get(name, 0) for name, value in result.items()}
 
 
 @pytest.fixture(scope="session")

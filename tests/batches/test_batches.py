@@ -247,6 +247,7 @@ def test_lines_that_fail_go_to_the_error_file_and_all_failed_is_completed(spot: 
     assert len(_content(client, batch.error_file_id)) == 2
 
 
+@pytest.mark.under_load
 def test_cancel_mid_run_keeps_what_ran_and_cancels_the_rest(spot: World) -> None:
     tenant, key = spot.tenant(max_concurrency=1)  # one line at a time: the cancel lands mid-run
     client = _client(spot, key)
@@ -285,6 +286,7 @@ def test_cancel_mid_run_keeps_what_ran_and_cancels_the_rest(spot: World) -> None
         client.batches.cancel(finished.id)  # finished otherwise: 409
 
 
+@pytest.mark.under_load
 def test_an_expired_batch_keeps_its_answers_and_bills_nothing_else(spot: World) -> None:
     tenant, key = spot.tenant(max_concurrency=1)
     client = _client(spot, key)

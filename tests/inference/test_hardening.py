@@ -152,6 +152,7 @@ def test_the_engines_own_queue_stays_empty_whatever_the_request_shape(world: Wor
     )
 
 
+@pytest.mark.under_load
 def test_a_cut_off_request_of_many_sequences_is_metered_in_full(world: World) -> None:
     """A client that leaves mid-stream is billed exactly what the engine generated for every
     sequence: the gateway aborts them by request id and reads the engine's final count."""

@@ -173,6 +173,7 @@ def _ban(world: World, tenant: Tenant, key: str, term: str, **changes: Any) -> N
     time.sleep(2.1)  # the promise: every web process has it within two seconds
 
 
+@pytest.mark.under_load
 def test_hold_mode_never_lets_the_banned_word_reach_the_client(
     world: World, banned: Banned
 ) -> None:
@@ -219,6 +220,7 @@ def _offered(chunks: list[dict[str, Any]]) -> list[set[str]]:
     return out
 
 
+@pytest.mark.under_load
 def test_hold_mode_checks_the_alternatives_logprobs_show(world: World, banned: Banned) -> None:
     """The tiny model's runner-up at every token is a word its answers never write
     (devkit.tiny_model.RUNNER_UP): ``top_logprobs`` shows it beside each token. Banned, it
@@ -246,6 +248,7 @@ def test_hold_mode_checks_the_alternatives_logprobs_show(world: World, banned: B
     assert not any(runner_up in tops for tops in _offered([answer]))
 
 
+@pytest.mark.under_load
 def test_async_mode_cuts_within_one_window(world: World, banned: Banned) -> None:
     tenant = banned.tenant
     key = banned.key
@@ -263,6 +266,7 @@ def test_async_mode_cuts_within_one_window(world: World, banned: Banned) -> None
     assert delivered - at <= WINDOW
 
 
+@pytest.mark.under_load
 def test_non_streamed_and_n_2_are_cut_too(world: World, banned: Banned) -> None:
     tenant = banned.tenant
     key = banned.key
@@ -285,6 +289,7 @@ def test_non_streamed_and_n_2_are_cut_too(world: World, banned: Banned) -> None:
         assert term.lower() not in "".join(deltas).lower() and TEXT.startswith("".join(deltas))
 
 
+@pytest.mark.under_load
 def test_the_websocket_is_cut_the_same_way(world: World, banned: Banned) -> None:
     tenant = banned.tenant
     key = banned.key
@@ -299,6 +304,7 @@ def test_the_websocket_is_cut_the_same_way(world: World, banned: Banned) -> None
     assert term.lower() not in "".join(_texts(chunks).get(0, [])).lower()
 
 
+@pytest.mark.under_load
 def test_a_banned_word_in_the_prompt_is_never_sent_to_the_engine(
     world: World, banned: Banned
 ) -> None:
@@ -481,6 +487,7 @@ def test_moderations_needs_a_key(world: World) -> None:
     assert response.json()["error"]["code"] == "invalid_api_key"
 
 
+@pytest.mark.under_load
 def test_batch_lines_are_moderated_the_same_way(spot: World, banned: Banned) -> None:  # noqa: F811
     tenant, key, text, term = banned.tenant, banned.key, banned.text, banned.term
     _ban(spot, tenant, key, term, output_mode="hold")
