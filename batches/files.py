@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import IO, Any
 
 from django.conf import settings
@@ -22,6 +22,7 @@ from django.http import StreamingHttpResponse
 from django.utils import timezone
 from django.utils.http import content_disposition_header
 
+from batches import quotas
 from batches.models import File
 from inference.api.errors import ApiError, invalid_request
 from tenants.models import Tenant
@@ -103,17 +104,29 @@ def file_upload(
     lines = count_lines(upload, max_lines=settings.INFERPLANE_BATCH_MAX_LINES)
     if lines == 0:
         raise invalid_request("The file is empty.", param="file", code="empty_file")
+    # Before a byte is stored (the tenant read afresh: a key's may be cached), and again
+    # under the tenant's lock once it is.
+    quotas.storage_check(Tenant.objects.get(pk=tenant.pk), size)
     upload.seek(0)
     row = File(tenant=tenant, purpose=purpose, filename=name[:255], bytes=size, lines=lines)
+    row.expires_at = _expiry(expires_after_seconds)
     row.path = default_storage.save(f"files/{tenant.pk}/{row.id}.jsonl", upload)
-    if expires_after_seconds is not None:
-        row.expires_at = timezone.now() + timedelta(seconds=expires_after_seconds)
     try:
-        row.save(force_insert=True)
+        with transaction.atomic():
+            quotas.storage_check(quotas.tenant_locked(tenant.pk), size)
+            row.save(force_insert=True)
     except BaseException:
         default_storage.delete(row.path)
         raise
     return row
+
+
+def _expiry(after_seconds: int | None = None) -> datetime:
+    """When a file is deleted: when its uploader asked, at the latest after the retention
+    period (``INFERPLANE_RETENTION_DAYS``)."""
+    retention = timedelta(days=settings.INFERPLANE_RETENTION_DAYS)
+    asked = timedelta(seconds=after_seconds) if after_seconds is not None else retention
+    return timezone.now() + min(asked, retention)
 
 
 def file_store_output(*, tenant: Tenant, name: str, content: IO[bytes], lines: int) -> File:
@@ -126,6 +139,7 @@ def file_store_output(*, tenant: Tenant, name: str, content: IO[bytes], lines: i
         filename=name,
         bytes=size,
         lines=lines,
+        expires_at=_expiry(),
     )
     row.path = default_storage.save(f"files/{tenant.pk}/{row.id}.jsonl", DjangoFile(content))
     row.save(force_insert=True)

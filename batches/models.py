@@ -99,6 +99,11 @@ class Batch(models.Model):
     running_until = models.DateTimeField(null=True, blank=True)
     ending_at = models.DateTimeField(null=True, blank=True)
     ending_as = models.CharField(max_length=16, blank=True)  # the status it is ending as
+    # Its lines' tokens as a quota counts them (batches.quotas), set when it is validated.
+    estimated_tokens = models.BigIntegerField(default=0)
+    # Its request counts and usage, kept when its lines are deleted after the retention
+    # period (batches_purge); until then they are read from the lines.
+    kept = models.JSONField(null=True, blank=True)
 
     class Meta:
         indexes = [

@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
+from batches import quotas
 from batches.files import file_delete, file_get, file_store_output
 from batches.models import Batch, File, Line, epoch
 from inference.api.errors import ApiError, invalid_request
@@ -101,8 +102,8 @@ def batch_object(batch: Batch) -> dict[str, Any]:
         "expired_at": epoch(batch.expired_at),
         "cancelling_at": epoch(batch.cancelling_at),
         "cancelled_at": epoch(batch.cancelled_at),
-        "request_counts": _counts(batch),
-        "usage": _usage(batch),
+        "request_counts": batch.kept["request_counts"] if batch.kept else _counts(batch),
+        "usage": batch.kept["usage"] if batch.kept else _usage(batch),
         "metadata": batch.metadata,
     }
     return {name: value for name, value in shaped.items() if value is not None}
@@ -186,6 +187,7 @@ def batch_create(
     )
     try:
         with transaction.atomic():
+            quotas.open_batches_check(quotas.tenant_locked(tenant.pk))
             batch.save(force_insert=True)
             pk = batch.pk
             transaction.on_commit(lambda: _wake(pk, validate=True))
@@ -352,6 +354,7 @@ def batch_validate(*, batch_id: str) -> Batch:
     Line.objects.filter(batch=batch).delete()  # a validation interrupted half-way
     pending: list[Line] = []
     total = 0
+    estimated = 0
     for number, raw in _lines(source.path, errors):
         total += 1
         if total > settings.INFERPLANE_BATCH_MAX_LINES:
@@ -364,6 +367,7 @@ def batch_validate(*, batch_id: str) -> Batch:
         checked = _check_line(raw, number, batch, errors, seen, models)
         if checked is None or errors.count:
             continue
+        estimated += quotas.estimated_tokens(checked[1])
         pending.append(Line(batch=batch, number=number, custom_id=checked[0], body=checked[1]))
         if len(pending) >= INSERT_CHUNK:
             Line.objects.bulk_create(pending)
@@ -403,9 +407,16 @@ def batch_validate(*, batch_id: str) -> Batch:
         return _fail(batch, errors, model=model)
     Line.objects.bulk_create(pending)
     with transaction.atomic():
+        tenant = quotas.tenant_locked(batch.tenant_id)  # the tenant's queued tokens take turns
         locked = Batch.objects.select_for_update().get(pk=batch.pk)
         if locked.validating_until != lease:  # we were too slow: another validator took over
             return locked
+        locked.estimated_tokens = estimated
+        over = quotas.queue_tokens_over(tenant, locked)
+        if over is not None and locked.status == Batch.Status.VALIDATING:
+            Line.objects.filter(batch=batch).delete()
+            errors.add("token_limit_exceeded", over, line=None)
+            return _fail(locked, errors, model=model)
         if locked.status == Batch.Status.CANCELLING and locked.ending_at is None:
             Line.objects.filter(batch=batch, state=Line.State.PENDING).update(
                 state=Line.State.CANCELLED, response=error_body("batch_cancelled")
@@ -418,7 +429,7 @@ def batch_validate(*, batch_id: str) -> Batch:
         locked.status = Batch.Status.IN_PROGRESS
         locked.in_progress_at = timezone.now()
         locked.model = model
-        locked.save(update_fields=["status", "in_progress_at", "model"])
+        locked.save(update_fields=["status", "in_progress_at", "model", "estimated_tokens"])
         pk = locked.pk
         transaction.on_commit(lambda: _wake(pk))
     return locked
@@ -670,6 +681,27 @@ def _write_files(batch: Batch, *, final: str, stamp: datetime) -> None:
         pk__in=mine
     ):
         file_delete(file=earlier)
+
+
+def batches_purge() -> int:
+    """The lines of batches finished more than the retention period ago are deleted (their
+    bodies and answers are the tenant's data); the batch keeps its counts and usage."""
+    before = timezone.now() - timedelta(days=settings.INFERPLANE_RETENTION_DAYS)
+    old = Batch.objects.filter(status__in=Batch.FINISHED, kept__isnull=True).filter(
+        Q(completed_at__lt=before)
+        | Q(failed_at__lt=before)
+        | Q(expired_at__lt=before)
+        | Q(cancelled_at__lt=before)
+    )
+    purged = 0
+    for batch in old.only("pk").iterator():
+        with transaction.atomic():
+            locked = Batch.objects.select_for_update().get(pk=batch.pk)
+            locked.kept = {"request_counts": _counts(locked), "usage": _usage(locked)}
+            locked.save(update_fields=["kept"])
+            Line.objects.filter(batch=locked).delete()
+        purged += 1
+    return purged
 
 
 def batches_stuck() -> list[str]:

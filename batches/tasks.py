@@ -11,7 +11,13 @@ from batches.files import files_expired_delete
 from batches.gauges import batch_gauges_store
 from batches.models import Batch
 from batches.runner import batch_run
-from batches.services import batch_finalize, batch_validate, batches_expire, batches_stuck
+from batches.services import (
+    batch_finalize,
+    batch_validate,
+    batches_expire,
+    batches_purge,
+    batches_stuck,
+)
 
 
 @shared_task(ignore_result=True)
@@ -54,3 +60,4 @@ def _sweep() -> None:
         else:  # running, or cancelled while a validator that died held it
             batch_run_task.delay(batch_id)
     files_expired_delete()
+    batches_purge()

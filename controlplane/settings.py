@@ -544,6 +544,16 @@ INFERPLANE_BATCH_MAX_LINES = env_int("INFERPLANE_BATCH_MAX_LINES", 50_000, minim
 INFERPLANE_BATCH_MAX_LINE_BYTES = env_int(
     "INFERPLANE_BATCH_MAX_LINE_BYTES", 1024 * 1024, minimum=1024
 )
+# What each tenant may keep and queue, unless the operator sets its own (`manage.py
+# tenant_limits`, the control API, the dashboard's limits page); docs/isolation.md.
+INFERPLANE_QUOTA_DEFAULTS = {
+    "storage_mb": env_int("INFERPLANE_DEFAULT_STORAGE_MB", 10 * 1024, minimum=1),
+    "max_open_batches": env_int("INFERPLANE_DEFAULT_OPEN_BATCHES", 50, minimum=1),
+    "batch_queue_tokens": env_int("INFERPLANE_DEFAULT_BATCH_QUEUE_TOKENS", 50_000_000, minimum=1),
+}
+# Files (uploads without an earlier expiry, batch outputs) and finished batches' lines are
+# deleted this many days after they were made (OpenAI keeps batch files 30 days).
+INFERPLANE_RETENTION_DAYS = env_int("INFERPLANE_RETENTION_DAYS", 30, minimum=1)
 # A worker's claim on the lines it runs; lines of a worker that died run again after it.
 INFERPLANE_BATCH_LEASE_SECONDS = env_int("INFERPLANE_BATCH_LEASE_SECONDS", 300, minimum=5)
 # Lines one worker process keeps in flight (admission shares the spot pool between tenants).

@@ -106,6 +106,11 @@ class TenantLimitsForm(forms.Form):
         decimal_places=2,
         label="Monthly spend budget (USD)",
     )
+    storage_mb = forms.IntegerField(required=False, min_value=1, label="Stored files (MiB)")
+    max_open_batches = forms.IntegerField(required=False, min_value=1, label="Open batches")
+    batch_queue_tokens = forms.IntegerField(
+        required=False, min_value=1, label="Batch tokens queued"
+    )
     weight = forms.IntegerField(min_value=1, max_value=1000, label="Fair-share weight")
     status = forms.ChoiceField(choices=Tenant.Status.choices)
 
@@ -114,7 +119,8 @@ class TenantLimitsForm(forms.Form):
     @classmethod
     def for_tenant(cls, tenant: Tenant) -> TenantLimitsForm:
         budget = tenant.monthly_spend_budget_micros
-        initial: dict[str, Any] = {name: getattr(tenant, name) for name in cls.LIMITS}
+        names = cls.LIMITS + Tenant.QUOTA_NAMES
+        initial: dict[str, Any] = {name: getattr(tenant, name) for name in names}
         initial["monthly_spend_budget_usd"] = (
             Decimal(budget) / 1_000_000 if budget is not None else None
         )
@@ -123,7 +129,8 @@ class TenantLimitsForm(forms.Form):
 
     def limits(self) -> dict[str, int | None]:
         data = self.cleaned_data
-        limits: dict[str, int | None] = {name: data[name] for name in self.LIMITS}
+        names = self.LIMITS + Tenant.QUOTA_NAMES
+        limits: dict[str, int | None] = {name: data[name] for name in names}
         usd = data["monthly_spend_budget_usd"]
         limits["monthly_spend_budget_micros"] = int(usd * 1_000_000) if usd is not None else None
         return limits

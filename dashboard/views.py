@@ -34,6 +34,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from adapters import selectors as adapter_selectors
 from adapters import services as adapter_services
 from batches import files as batch_files
+from batches import quotas as batch_quotas
 from batches import services as batch_services
 from billing.models import Invoice
 from billing.pricing import micros_to_usd
@@ -758,6 +759,8 @@ def limits(request: HttpRequest, slug: str) -> HttpResponse:
         "limits",
         form=form,
         rows=rows,
+        quotas=[(use, getattr(tenant, use.name) is None) for use in batch_quotas.quota_use(tenant)],
+        retention_days=settings.INFERPLANE_RETENTION_DAYS,
         spend_budget_usd=budget / 1_000_000 if budget is not None else None,
     )
     return render(request, "dashboard/limits.html", context, status=status)

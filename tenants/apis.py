@@ -86,6 +86,42 @@ class LimitsOutputSerializer(serializers.Serializer[Any]):
         return None if micros is None else str(Decimal(micros) / MICROS)
 
 
+class TenantLimitsInputSerializer(LimitsInputSerializer):
+    """A tenant's limits, and its quotas on files and batches (``null``: the default)."""
+
+    storage_mb = _limit_field()
+    max_open_batches = _limit_field()
+    batch_queue_tokens = serializers.IntegerField(
+        min_value=1, max_value=MAX_BUDGET, allow_null=True, required=False
+    )
+
+    def to_limits(self) -> dict[str, int | None]:
+        data = self.validated_data
+        return super().to_limits() | {k: data[k] for k in Tenant.QUOTA_NAMES if k in data}
+
+
+class TenantLimitsOutputSerializer(LimitsOutputSerializer):
+    """The quotas as they apply; ``quotas_by_default`` names those the tenant takes from the
+    platform's defaults."""
+
+    storage_mb = serializers.SerializerMethodField()
+    max_open_batches = serializers.SerializerMethodField()
+    batch_queue_tokens = serializers.SerializerMethodField()
+    quotas_by_default = serializers.SerializerMethodField()
+
+    def get_storage_mb(self, obj: Tenant) -> int:
+        return obj.quota("storage_mb")
+
+    def get_max_open_batches(self, obj: Tenant) -> int:
+        return obj.quota("max_open_batches")
+
+    def get_batch_queue_tokens(self, obj: Tenant) -> int:
+        return obj.quota("batch_queue_tokens")
+
+    def get_quotas_by_default(self, obj: Tenant) -> list[str]:
+        return [name for name in Tenant.QUOTA_NAMES if getattr(obj, name) is None]
+
+
 def _effective(key: ApiKey) -> dict[str, Any]:
     """The limits a key actually gets: the tighter of its own and its tenant's."""
     result: dict[str, Any] = {}
@@ -100,7 +136,7 @@ def _effective(key: ApiKey) -> dict[str, Any]:
 
 
 class TenantOutputSerializer(serializers.ModelSerializer[Tenant]):
-    limits = LimitsOutputSerializer(source="*")
+    limits = TenantLimitsOutputSerializer(source="*")
 
     class Meta:
         model = Tenant
@@ -117,7 +153,7 @@ class TenantListApi(APIView):
 class TenantCreateApi(APIView):
     permission_classes = [IsAdminUser]
 
-    class InputSerializer(LimitsInputSerializer):
+    class InputSerializer(TenantLimitsInputSerializer):
         slug = serializers.CharField(max_length=40)
         name = serializers.CharField(max_length=200, required=False, allow_blank=True)
         weight = serializers.IntegerField(min_value=1, max_value=1000, default=1)
@@ -170,21 +206,22 @@ class TenantUpdateApi(APIView):
 
 
 class TenantLimitsApi(APIView):
-    @extend_schema(responses=LimitsOutputSerializer)
+    @extend_schema(responses=TenantLimitsOutputSerializer)
     def get(self, request: Request, slug: str) -> Response:
-        return Response(LimitsOutputSerializer(tenant_access(request, slug).tenant).data)
+        tenant = tenant_access(request, slug).tenant
+        return Response(TenantLimitsOutputSerializer(tenant).data)
 
 
 class TenantLimitsUpdateApi(APIView):
-    @extend_schema(request=LimitsInputSerializer, responses=LimitsOutputSerializer)
+    @extend_schema(request=TenantLimitsInputSerializer, responses=TenantLimitsOutputSerializer)
     def post(self, request: Request, slug: str) -> Response:
         access = tenant_access(request, slug, Perm.PLATFORM)
-        data = LimitsInputSerializer(data=request.data)
+        data = TenantLimitsInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         tenant = services.tenant_limits_update(
             tenant=access.tenant, actor=request_user(request), limits=data.to_limits()
         )
-        return Response(LimitsOutputSerializer(tenant).data)
+        return Response(TenantLimitsOutputSerializer(tenant).data)
 
 
 # --- Members -------------------------------------------------------------------------------

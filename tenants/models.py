@@ -49,6 +49,16 @@ def tighter(*limits: int | None) -> int | None:
     return min(values) if values else None
 
 
+def _quota(help_text: str, *, big: bool = False) -> models.Field[int | None, int | None]:
+    field_class = models.PositiveBigIntegerField if big else models.PositiveIntegerField
+    return field_class(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_BUDGET if big else MAX_RATE)],
+        help_text=help_text + " Blank means the platform's default.",
+    )
+
+
 class LimitFields(models.Model):
     """Quota fields shared by tenants and (as tighter overrides) by their API keys."""
 
@@ -89,8 +99,18 @@ class Tenant(LimitFields):
         help_text="Fair-share weight: a tenant of weight 2 gets twice the tokens of weight 1 "
         "when both are backlogged.",
     )
+    # Quotas on what a tenant keeps and queues (files, batches); blank: the platform's
+    # default (settings.INFERPLANE_QUOTA_DEFAULTS, which the operator sets). docs/isolation.md.
+    storage_mb = _quota("Stored files (uploads, batch outputs), in MiB.")
+    max_open_batches = _quota("Batches not yet finished at once.")
+    batch_queue_tokens = _quota(
+        "Tokens of batches waiting or running at once (estimated when a batch is validated).",
+        big=True,
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
+
+    QUOTA_NAMES = ("storage_mb", "max_open_batches", "batch_queue_tokens")
 
     class Meta:
         ordering = ["slug"]
@@ -101,6 +121,14 @@ class Tenant(LimitFields):
     @property
     def is_active(self) -> bool:
         return self.status == self.Status.ACTIVE
+
+    def quota(self, name: str) -> int:
+        """A quota as it applies: the tenant's own, else the platform's default."""
+        own: int | None = getattr(self, name)
+        return own if own is not None else int(settings.INFERPLANE_QUOTA_DEFAULTS[name])
+
+    def quotas(self) -> dict[str, int]:
+        return {name: self.quota(name) for name in self.QUOTA_NAMES}
 
 
 class Membership(models.Model):

@@ -61,10 +61,12 @@ def audit_record(
 
 
 def _apply_limits(obj: LimitFields, limits: Mapping[str, int | None]) -> dict[str, Any]:
-    """Set the given limit fields; return {name: [old, new]} for those that changed."""
+    """Set the given limit fields (a tenant's quotas too); return {name: [old, new]} for those
+    that changed."""
     changes: dict[str, Any] = {}
+    known = LimitFields.LIMIT_NAMES + (Tenant.QUOTA_NAMES if isinstance(obj, Tenant) else ())
     for name, value in limits.items():
-        if name not in LimitFields.LIMIT_NAMES:
+        if name not in known:
             raise ValidationError({name: "Unknown limit."})
         old = getattr(obj, name)
         if old != value:

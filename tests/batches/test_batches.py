@@ -37,7 +37,7 @@ from inference.catalog import catalog_publish
 from inference.models import Model, Replica
 from inference.services import pool_ensure, replica_probe
 from tenants.models import ApiKey
-from tenants.services import api_key_create
+from tenants.services import api_key_create, tenant_limits_update
 from tests import contract
 from tests.engines import Engine
 from tests.live import wait_for
@@ -385,6 +385,12 @@ def test_parameter_errors_are_a_400_and_other_tenants_objects_a_404(spot: World)
     assert client.files.delete(file_id).deleted is True
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(file_id)
+    # Quotas (tests/batches/test_quotas.py): the SDK gets OpenAI's shape, naming the quota.
+    tenant_limits_update(tenant=owner, actor=None, limits={"storage_mb": 1})
+    big = _jsonl([_line(f"q{i}", content="x" * 1000) for i in range(1100)])
+    with pytest.raises(openai.BadRequestError) as full:
+        client.files.create(file=("big.jsonl", io.BytesIO(big)), purpose="batch")
+    assert full.value.code == "storage_quota_exceeded" and "1 MiB" in full.value.message
 
 
 def test_listing_pages_and_an_idempotency_key_makes_a_retry_safe(spot: World) -> None:
