@@ -142,6 +142,8 @@ class Line(models.Model):
     owner = models.CharField(max_length=64, blank=True)  # the claim token while running
     lease_until = models.DateTimeField(null=True, blank=True)
     attempts = models.IntegerField(default=0)
+    # Passing failures after it reached an engine (batches.runner: bounded).
+    failures = models.IntegerField(default=0)
     result_id = models.CharField(max_length=40, blank=True)  # "batch_req_…"
     status_code = models.IntegerField(null=True, blank=True)
     request_id = models.CharField(max_length=64, blank=True)

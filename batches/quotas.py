@@ -34,8 +34,9 @@ class QuotaUse:
 
 def tenant_locked(tenant_id: int) -> Tenant:
     """The tenant's row, locked to the end of the caller's transaction: quota checks of one
-    tenant take turns."""
-    return Tenant.objects.select_for_update().get(pk=tenant_id)
+    tenant take turns. ``FOR NO KEY UPDATE``: rows that refer to the tenant (usage records,
+    written for many tenants in one transaction) are still inserted meanwhile."""
+    return Tenant.objects.select_for_update(no_key=True).get(pk=tenant_id)
 
 
 def stored_bytes(*, tenant_id: int) -> int:
@@ -100,6 +101,10 @@ def storage_check(tenant: Tenant, adding: int) -> None:
 
 
 def open_batches_check(tenant: Tenant) -> None:
+    """Raises unless the tenant may open one more batch: under its quota of open batches,
+    and of storage (its output files will need room; those of running batches are always
+    written, so a tenant over its storage starts no more)."""
+    storage_check(tenant, 0)
     quota = tenant.quota("max_open_batches")
     if open_batches(tenant_id=tenant.pk) >= quota:
         raise _over(
@@ -138,14 +143,41 @@ def _text_length(value: Any) -> int:
     return len(orjson.dumps(value))
 
 
-def estimated_tokens(body: dict[str, Any]) -> int:
-    """A line's tokens as a quota counts them, before any engine saw it: its prompt (the
-    texts of its messages, roles included, tools and prompt, four characters a token) and
-    the tokens it may generate (``max_completion_tokens`` or ``max_tokens``, times ``n``; a
-    line that sets neither counts its prompt only)."""
-    prompt = sum(_text_length(body.get(name)) for name in ("messages", "prompt", "tools"))
-    most = body.get("max_completion_tokens") or body.get("max_tokens") or 0
-    n = body.get("n") or 1
-    if not isinstance(most, int) or not isinstance(n, int):
-        most, n = 0, 1
-    return -(-prompt // CHARS_PER_TOKEN) + max(most, 0) * max(n, 1)
+@dataclass
+class Estimate:
+    """A batch's tokens as its quota counts them, summed line by line: what is known from the
+    lines, and the sequences that set no bound on their answer (each counted at the model's
+    context once the model is known)."""
+
+    tokens: int = 0
+    unbounded: int = 0
+
+    def add(self, body: dict[str, Any]) -> None:
+        """A line's prompt (the texts of its messages, roles included, tools and prompt, four
+        characters a token) and what it may generate: every sequence it runs (prompts x
+        ``max(n, best_of)``) times ``max_completion_tokens`` or ``max_tokens``."""
+        prompt = sum(_text_length(body.get(name)) for name in ("messages", "prompt", "tools"))
+        self.tokens += -(-prompt // CHARS_PER_TOKEN)
+        prompts = body.get("prompt")
+        many = isinstance(prompts, list) and prompts and not isinstance(prompts[0], int)
+        n = max(_whole(body.get("n")), _whole(body.get("best_of")), 1)
+        sequences = (len(prompts) if many and isinstance(prompts, list) else 1) * n
+        most = _whole(body.get("max_completion_tokens")) or _whole(body.get("max_tokens"))
+        if most:
+            self.tokens += most * sequences
+        else:
+            self.unbounded += sequences
+
+    def total(self, context_length: int) -> int:
+        return self.tokens + self.unbounded * context_length
+
+
+def _whole(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def estimated_tokens(body: dict[str, Any], *, context_length: int = 0) -> int:
+    """One line's estimate (``Estimate``)."""
+    estimate = Estimate()
+    estimate.add(body)
+    return estimate.total(context_length)

@@ -9,10 +9,14 @@ answered once and billed once, and a line never stored was never billed.
 
 What a line's answer means for it:
 - 200 → ``done`` (the output file);
-- an error the request itself caused (4xx but 408, 409, 429) → ``failed`` (the error file);
-- anything passing (429 rate limits, 503 queue timeout or no capacity, 5xx, a replica that
-  died) → back to ``pending``, not before a pause: a vanished spot pool waits for capacity
-  until the window expires instead of failing lines.
+- an error the request itself caused (4xx but 408, 409, 429; an answer past
+  ``INFERPLANE_BATCH_MAX_ANSWER_BYTES``) → ``failed`` (the error file);
+- anything passing (429 rate limits, 503 queue timeout or no capacity, 5xx, an answer slower
+  than the whole-answer bound, a replica that died) → back to ``pending``, not before a
+  pause: a vanished spot pool waits for capacity until the window expires instead of failing
+  lines. A line that reached an engine and failed there ``INFERPLANE_BATCH_LINE_MAX_ATTEMPTS``
+  times fails (``line_attempts_exhausted``): a line that breaks every replica it meets, or
+  that no replica can finish in time, does not hold its batch open until it expires.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class Claimed:
     pk: int
     body: dict[str, Any]
     attempts: int
+    failures: int = 0  # passing failures after it reached an engine, before this claim
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +144,8 @@ def _claim(batch_id: str, token: str, n: int) -> list[Claimed]:
         Line.objects.filter(pk__in=ids).update(
             state=Line.State.RUNNING, owner=token, lease_until=lease, attempts=F("attempts") + 1
         )
-        rows = Line.objects.filter(pk__in=ids).values_list("pk", "body", "attempts")
-        return [Claimed(pk, body, attempts) for pk, body, attempts in rows]
+        rows = Line.objects.filter(pk__in=ids).values_list("pk", "body", "attempts", "failures")
+        return [Claimed(*row) for row in rows]
 
 
 def _renew(token: str, pks: list[int]) -> None:
@@ -154,6 +159,25 @@ class Answer:
     status: int
     body: dict[str, Any]
     record: UsageRecord | None
+    begun: bool = False  # it got past admission: a replica worked on it
+
+
+def _exhausted(answer: Answer) -> Answer:
+    """The answer a line gets once it failed on the engines as often as it may: its last
+    error, said to be the last (the batch goes on; the error file has it)."""
+    error = answer.body.get("error") if isinstance(answer.body, dict) else None
+    last = error.get("message") if isinstance(error, dict) else None
+    tries = answer.line.failures + 1
+    body = {
+        "error": {
+            "message": f"The request reached an engine {tries} times and failed each time "
+            f"(last: HTTP {answer.status}{': ' + last if last else ''}); it is not tried again.",
+            "type": "server_error",
+            "param": None,
+            "code": "line_attempts_exhausted",
+        }
+    }
+    return Answer(answer.line, answer.status or 500, body, None, answer.begun)
 
 
 def _store(
@@ -170,9 +194,13 @@ def _store_many(token: str, answers: list[Answer]) -> int:
     failures put their line back. Returns how many answers were kept."""
     kept = 0
     final: list[Answer] = []
+    most = settings.INFERPLANE_BATCH_LINE_MAX_ATTEMPTS
     for answer in answers:
         if answer.status == 200 or answer.status in PERMANENT:
             final.append(answer)
+            continue
+        if answer.begun and answer.line.failures + 1 >= most:
+            final.append(_exhausted(answer))  # a line that fails every engine: not forever
             continue
         mine = Line.objects.filter(pk=answer.line.pk, owner=token, state=Line.State.RUNNING)
         # The batch was cancelled meanwhile: the line will not run again.
@@ -186,6 +214,7 @@ def _store_many(token: str, answers: list[Answer]) -> int:
             state=Line.State.PENDING,
             owner="",
             lease_until=timezone.now() + timedelta(seconds=pause),
+            failures=F("failures") + int(answer.begun),
         )
     if not final:
         return kept
@@ -253,7 +282,7 @@ async def _run_line(plan: Plan, line: Claimed, begun: set[int]) -> Answer:
             ledger=records.append,
             admitted=lambda: begun.add(line.pk),
         )
-    return Answer(line, status, body, records[0] if records else None)
+    return Answer(line, status, body, records[0] if records else None, line.pk in begun)
 
 
 def _batch_state(batch_id: str) -> tuple[str, bool]:
@@ -321,7 +350,7 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
                 log.error(
                     "batch %s: a line failed to run", plan.batch_id, exc_info=task.exception()
                 )
-                answered.append(Answer(Claimed(pk, {}, 1), 500, {}, None))
+                answered.append(Answer(Claimed(pk, {}, 1), 500, {}, None))  # failures unknown
             else:
                 answered.append(task.result())
         if time.monotonic() - renewed > renew_every and (running or answered):

@@ -187,7 +187,12 @@ def batch_create(
     )
     try:
         with transaction.atomic():
-            quotas.open_batches_check(quotas.tenant_locked(tenant.pk))
+            locked = quotas.tenant_locked(tenant.pk)
+            if idempotency_key:  # a concurrent retry made it while we waited for the lock
+                seen = Batch.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+                if seen is not None:
+                    return _replayed(seen, fingerprint), False
+            quotas.open_batches_check(locked)
             batch.save(force_insert=True)
             pk = batch.pk
             transaction.on_commit(lambda: _wake(pk, validate=True))
@@ -354,7 +359,7 @@ def batch_validate(*, batch_id: str) -> Batch:
     Line.objects.filter(batch=batch).delete()  # a validation interrupted half-way
     pending: list[Line] = []
     total = 0
-    estimated = 0
+    estimated = quotas.Estimate()
     for number, raw in _lines(source.path, errors):
         total += 1
         if total > settings.INFERPLANE_BATCH_MAX_LINES:
@@ -367,7 +372,7 @@ def batch_validate(*, batch_id: str) -> Batch:
         checked = _check_line(raw, number, batch, errors, seen, models)
         if checked is None or errors.count:
             continue
-        estimated += quotas.estimated_tokens(checked[1])
+        estimated.add(checked[1])
         pending.append(Line(batch=batch, number=number, custom_id=checked[0], body=checked[1]))
         if len(pending) >= INSERT_CHUNK:
             Line.objects.bulk_create(pending)
@@ -384,6 +389,7 @@ def batch_validate(*, batch_id: str) -> Batch:
             param="body.model",
         )
     model = next(iter(models), "")
+    context_length = 0
     if model and not errors.count:
         callable_now = catalog_read(tenant_id=batch.tenant_id).callable(
             model, batch.tenant_id, kind="batch"
@@ -402,6 +408,8 @@ def batch_validate(*, batch_id: str) -> Batch:
                 line=None,
                 param="body.model",
             )
+        else:
+            context_length = callable_now.model.context_length
     if errors.count:
         Line.objects.filter(batch=batch).delete()
         return _fail(batch, errors, model=model)
@@ -411,7 +419,7 @@ def batch_validate(*, batch_id: str) -> Batch:
         locked = Batch.objects.select_for_update().get(pk=batch.pk)
         if locked.validating_until != lease:  # we were too slow: another validator took over
             return locked
-        locked.estimated_tokens = estimated
+        locked.estimated_tokens = estimated.total(context_length)
         over = quotas.queue_tokens_over(tenant, locked)
         if over is not None and locked.status == Batch.Status.VALIDATING:
             Line.objects.filter(batch=batch).delete()
@@ -516,7 +524,7 @@ def batches_expire() -> int:
             Line.objects.filter(
                 batch=locked, state__in=(Line.State.PENDING, Line.State.RUNNING)
             ).update(state=Line.State.EXPIRED, owner="", response=error_body("batch_expired"))
-            _begin_ending(locked, Batch.Status.EXPIRED)
+            _begin_ending(locked, Batch.Status.EXPIRED, writer=False)
             transaction.on_commit(functools.partial(_finalize_later, locked.pk))
         expired += 1
     return expired
@@ -567,20 +575,23 @@ def batch_finish_if_done(*, batch_id: str) -> bool:
     return True
 
 
-def _begin_ending(locked: Batch, final: str) -> datetime:
+def _begin_ending(locked: Batch, final: str, *, writer: bool = True) -> datetime:
     """Under the batch's row lock: its files are being written from now on, by whoever holds
     this stamp. A batch about to complete shows ``finalizing`` meanwhile; one being
     cancelled or expired keeps its status until it is ``cancelled`` or ``expired``, as
-    OpenAI's do."""
+    OpenAI's do. Without a ``writer`` (an expiry: the batch worker writes), the stamp is
+    one nobody holds: the first ``batch_finalize`` takes it, and the next only once that
+    writer's stamp is as old as a lease (it died)."""
     now = timezone.now()
-    locked.ending_at, locked.ending_as = now, final
+    stamp = now if writer else now - timedelta(seconds=settings.INFERPLANE_BATCH_LEASE_SECONDS + 1)
+    locked.ending_at, locked.ending_as = stamp, final
     fields = ["ending_at", "ending_as"]
     if final == Batch.Status.COMPLETED:
         locked.status = Batch.Status.FINALIZING
         locked.finalizing_at = now
         fields += ["status", "finalizing_at"]
     locked.save(update_fields=fields)
-    return now
+    return stamp
 
 
 def _settle_cancelled(batch: Batch) -> Batch:
@@ -604,8 +615,8 @@ def batch_finalize(*, batch_id: str) -> None:
         locked = Batch.objects.select_for_update().select_related("tenant").get(pk=batch_id)
         if locked.status in Batch.FINISHED or locked.ending_at is None:
             return
-        if locked.ending_at > stale and locked.ending_as != Batch.Status.EXPIRED:
-            return  # its writer may still be at it
+        if locked.ending_at > stale:
+            return  # its writer may still be at it (an expired batch's first is not yet)
         locked.ending_at = now  # the writing is ours now: the other writer's result is void
         locked.save(update_fields=["ending_at"])
     _write_files(locked, final=locked.ending_as or Batch.Status.COMPLETED, stamp=now)
@@ -683,6 +694,9 @@ def _write_files(batch: Batch, *, final: str, stamp: datetime) -> None:
         file_delete(file=earlier)
 
 
+PURGE_AT_ONCE = 100  # batches per sweep: a sweep stays short, the next one goes on
+
+
 def batches_purge() -> int:
     """The lines of batches finished more than the retention period ago are deleted (their
     bodies and answers are the tenant's data); the batch keeps its counts and usage."""
@@ -694,9 +708,11 @@ def batches_purge() -> int:
         | Q(cancelled_at__lt=before)
     )
     purged = 0
-    for batch in old.only("pk").iterator():
+    for batch in old.only("pk")[:PURGE_AT_ONCE]:
         with transaction.atomic():
             locked = Batch.objects.select_for_update().get(pk=batch.pk)
+            if locked.kept is not None:  # another sweep did it meanwhile
+                continue
             locked.kept = {"request_counts": _counts(locked), "usage": _usage(locked)}
             locked.save(update_fields=["kept"])
             Line.objects.filter(batch=locked).delete()
@@ -740,10 +756,7 @@ def batches_stuck() -> list[str]:
     ending = (
         Batch.objects.filter(ending_at__isnull=False)
         .exclude(status__in=Batch.FINISHED)
-        .filter(
-            Q(ending_at__lt=stale)
-            | Q(ending_as=Batch.Status.EXPIRED, ending_at__lt=now - timedelta(seconds=30))
-        )
+        .filter(ending_at__lt=stale)
     )
     ids = set(running.values_list("pk", flat=True))
     ids |= set(validating.exclude(ending_at__isnull=False).values_list("pk", flat=True))

@@ -462,7 +462,9 @@ INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS = env_int(
 )
 # A batch line's answer comes whole (not streamed): the longest it may take in all. Meanwhile
 # the line's replica is watched (the health probe marks a dead or stuck engine down within
-# seconds, and the line then moves at once); this bounds only what no probe sees.
+# seconds, and the line then moves at once); this bounds only what no probe sees. An answer
+# slower than this is a 504 for that request: the replica stays in rotation (slow is not
+# dead: the probe decides).
 INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS = env_int(
     "INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS", 900, minimum=1
 )
@@ -563,3 +565,13 @@ INFERPLANE_BATCH_RUN_SECONDS = env_int("INFERPLANE_BATCH_RUN_SECONDS", 60, minim
 # How long past its run time a run task may still be finishing its lines in flight: until
 # then the sweeper takes it for alive (after, a worker that died holding it is replaced).
 INFERPLANE_BATCH_RUN_GRACE_SECONDS = env_int("INFERPLANE_BATCH_RUN_GRACE_SECONDS", 60, minimum=1)
+# A line that reached an engine and came back with a passing failure (a 5xx, an answer slower
+# than the bound above, a replica that died under it) this many times fails, with an error
+# line; the batch goes on. Waiting for capacity (no replica, a full queue) costs no attempt.
+INFERPLANE_BATCH_LINE_MAX_ATTEMPTS = env_int("INFERPLANE_BATCH_LINE_MAX_ATTEMPTS", 5, minimum=1)
+# A batch line's answer is held whole in the worker, with up to INFERPLANE_BATCH_CONCURRENCY
+# others: one larger than this fails its line (response_too_large). The worker's answers in
+# memory are at most the two multiplied (256 MiB by default).
+INFERPLANE_BATCH_MAX_ANSWER_BYTES = env_int(
+    "INFERPLANE_BATCH_MAX_ANSWER_BYTES", 2 * 1024 * 1024, minimum=64 * 1024
+)

@@ -7,7 +7,15 @@ from django import forms
 from django.contrib.auth.forms import UserCreationForm
 from django.core.files import File
 
-from tenants.models import ApiKey, Role, Tenant, User, adapter_name_validator
+from tenants.models import (
+    MAX_BUDGET,
+    MAX_RATE,
+    ApiKey,
+    Role,
+    Tenant,
+    User,
+    adapter_name_validator,
+)
 
 
 class KeyCreateForm(forms.Form):
@@ -106,10 +114,14 @@ class TenantLimitsForm(forms.Form):
         decimal_places=2,
         label="Monthly spend budget (USD)",
     )
-    storage_mb = forms.IntegerField(required=False, min_value=1, label="Stored files (MiB)")
-    max_open_batches = forms.IntegerField(required=False, min_value=1, label="Open batches")
+    storage_mb = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_RATE, label="Stored files (MiB)"
+    )
+    max_open_batches = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_RATE, label="Open batches"
+    )
     batch_queue_tokens = forms.IntegerField(
-        required=False, min_value=1, label="Batch tokens queued"
+        required=False, min_value=1, max_value=MAX_BUDGET, label="Batch tokens queued"
     )
     weight = forms.IntegerField(min_value=1, max_value=1000, label="Fair-share weight")
     status = forms.ChoiceField(choices=Tenant.Status.choices)

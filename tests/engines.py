@@ -209,7 +209,10 @@ class EngineLoad:
         """Every stream of the load finished; the engine's prompt and generation counters'
         share of it so far."""
         self.process.send_signal(signal.SIGUSR1)
-        totals = json.loads(self._line())
+        line = self._line()
+        totals = json.loads(line) if line.startswith("{") else {}
+        if not totals.get("drained"):  # its end (a stream failed), not a drain
+            pytest.fail(f"the load on :{self.engine.port} ended: {line}")
         self.made = {
             "vllm:prompt_tokens_total": totals["prompt_tokens"],
             "vllm:generation_tokens_total": totals["completion_tokens"],
@@ -229,9 +232,9 @@ def engine_load(engine: Engine, streams: int) -> Iterator[None]:
     that died on the way fails the session (the tests would have run without it)."""
     command = [sys.executable, "-m", "bench.engine_load", "--url", engine.url]
     command += ["--streams", str(streams), "--key", ENGINE_API_KEY]
-    process = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    errors = (LOG_DIR / f"engine-load-{engine.port}.log").open("w")  # its protocol: stdout
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=errors, text=True)
+    errors.close()
     load = EngineLoad(engine, process)
     try:
         load._streaming()
@@ -254,7 +257,7 @@ def engine_load(engine: Engine, streams: int) -> Iterator[None]:
 
 def _session_engine(name: str) -> Iterator[Engine]:
     started = started_engine(name)
-    if name == "engine" and ENGINE_LOAD:
+    if name == "engine" and ENGINE_LOAD > 0:
         with engine_load(started, ENGINE_LOAD):
             yield started
     else:

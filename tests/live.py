@@ -206,9 +206,11 @@ def settled_counters(engine: Engine) -> dict[str, float]:
         previous = current
         return current if settled else None
 
-    result: dict[str, float] = wait_for(stable, timeout=30, every=0.5)
-    if load:
-        load.resume()
+    try:
+        result: dict[str, float] = wait_for(stable, timeout=30, every=0.5)
+    finally:
+        if load:
+            load.resume()
     return {name: value - made.get(name, 0) for name, value in result.items()}
 
 

@@ -224,7 +224,7 @@ class Lifecycle:
             return responses.whole_answer(
                 self.relay.answer, chat=chat, model=call.parsed.model, usage=call.usage()
             )
-        whole = responses.Whole(chat=chat)
+        whole = responses.Whole(chat=chat, limit=responses.answer_limit(call.mode))
         try:
             async for batch in self:
                 for chunk in batch:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import random
 import time
@@ -86,6 +87,22 @@ class MidStreamError(Exception):
 
 class Stalled(Exception):
     """The engine stopped sending mid-stream (a hung GPU, a stopped process, a partition)."""
+
+
+TAIL_BYTES = 4096  # the end of a whole answer, where its usage is
+
+
+def _usage_in_tail(tail: bytes) -> dict[str, Any]:
+    """The ``usage`` object of a JSON answer, from its last bytes (vLLM writes it near the
+    end), or {} when none is there."""
+    at = tail.rfind(b'"usage":')
+    if at < 0:
+        return {}
+    try:
+        usage, _ = json.JSONDecoder().raw_decode(tail[at + len(b'"usage":') :].decode().lstrip())
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return usage if isinstance(usage, dict) else {}
 
 
 class Unanswered(Exception):
@@ -627,8 +644,9 @@ class Relay:
         The engine says nothing until its answer is complete, so the first-byte and stall
         bounds do not apply: the wait is watched instead. A replica that the health probe
         marks down meanwhile (dead, stopped, stuck: the catalog says so within seconds),
-        or that leaves the pool, fails the request over at once (``Unanswered``), and no
-        answer takes longer than ``INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS``."""
+        or that leaves the pool, fails the request over at once (``Unanswered``); an answer
+        slower than ``INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS`` is a 504 for this request
+        alone (the replica is not blamed: slow is not dead)."""
         call = self.call
         limit = settings.INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS
         posting = asyncio.ensure_future(self._read_whole(session, url, headers))
@@ -640,7 +658,9 @@ class Relay:
                 if done:
                     return posting.result()
                 if time.monotonic() > deadline:
-                    raise Unanswered(f"no answer within {limit} s")
+                    # Slow is not dead: the replica stays in rotation (the probe decides).
+                    call.fail(f"{call.replica_name}: no whole answer within {limit} s")
+                    raise responses.too_slow(limit)
                 pool = view.data.pools.get(call.route.pool) if view.data is not None else None
                 replica = pool.replicas.get(call.route.replica) if pool is not None else None
                 if pool is not None and (replica is None or replica.state == "down"):
@@ -653,14 +673,14 @@ class Relay:
     async def _read_whole(
         self, session: aiohttp.ClientSession, url: str, headers: dict[str, str]
     ) -> tuple[int, bytes]:
-        """(status, body) of one non-streamed request: an answer up to
-        ``INFERPLANE_MAX_RESPONSE_BYTES`` (past it, the 400 that online non-streamed
-        answers give), an error up to 64 KiB."""
+        """(status, body) of one non-streamed request: an answer up to its mode's bound
+        (``responses.answer_limit``; past it, the 400 that online non-streamed answers
+        give), an error up to 64 KiB."""
         try:
             response = await session.post(url, data=self.call.body, headers=headers)
         except aiohttp.ServerDisconnectedError:  # a pooled keep-alive connection just closed
             response = await session.post(url, data=self.call.body, headers=headers)
-        limit = settings.INFERPLANE_MAX_RESPONSE_BYTES if response.status == 200 else 65536
+        limit = responses.answer_limit(self.call.mode) if response.status == 200 else 65536
         parts: list[bytes] = []
         size = 0
         try:
@@ -668,8 +688,7 @@ class Relay:
                 size += len(part)
                 if size > limit:
                     if response.status == 200:
-                        self.call.fail("non-streamed response too large")
-                        raise responses.too_large(limit)
+                        await self._too_large(response, parts, part, limit)
                     break
                 parts.append(part)
         finally:
@@ -678,6 +697,23 @@ class Relay:
             else:
                 response.release()
         return response.status, b"".join(parts)
+
+    async def _too_large(
+        self, response: aiohttp.ClientResponse, parts: list[bytes], part: bytes, limit: int
+    ) -> None:
+        """An answer past its bound: the engine made it whole, so it is billed whole. Its
+        usage is the last object in it: the rest is read through, keeping only a tail, for
+        that (the memory held stays the bound). Raises the 400 the client gets."""
+        tail = (b"".join(parts[-4:]) + part)[-TAIL_BYTES:]
+        parts.clear()
+        async for more in response.content.iter_any():
+            tail = (tail + more)[-TAIL_BYTES:]
+        usage = _usage_in_tail(tail)
+        counts = self.call.counts
+        counts.prompt = usage.get("prompt_tokens") or 0
+        counts.completion = usage.get("completion_tokens") or 0
+        self.call.fail("non-streamed response too large")
+        raise responses.too_large(limit)
 
     def _take_whole(self, body: bytes) -> None:
         """A whole answer: its counts are the engine's usage."""

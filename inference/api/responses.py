@@ -45,6 +45,27 @@ class ResponseTooLarge(Exception):
     """A non-streamed answer grew past INFERPLANE_MAX_RESPONSE_BYTES."""
 
 
+def answer_limit(mode: str) -> int:
+    """The most bytes a non-streamed answer may have: a batch line's is held in a worker with
+    many others (``INFERPLANE_BATCH_MAX_ANSWER_BYTES``), an online one alone."""
+    if mode == "batch":
+        return min(
+            settings.INFERPLANE_BATCH_MAX_ANSWER_BYTES, settings.INFERPLANE_MAX_RESPONSE_BYTES
+        )
+    return int(settings.INFERPLANE_MAX_RESPONSE_BYTES)
+
+
+def too_slow(seconds: int) -> ApiError:
+    """A whole answer the engine did not finish in time; the replica is not blamed."""
+    return ApiError(
+        504,
+        f"The engine did not finish the answer within {seconds} s. Ask for less (max_tokens, "
+        "n) or stream it.",
+        type="server_error",
+        code="timeout",
+    )
+
+
 def too_large(limit: int) -> ApiError:
     """What the client is told about a non-streamed answer larger than ``limit`` bytes."""
     return ApiError(
@@ -106,14 +127,14 @@ class Whole:
     ``INFERPLANE_MAX_RESPONSE_BYTES`` (an answer that grows past it raises
     ResponseTooLarge: ``stream=true`` is the way to ask for it). Chunks come in cleaned."""
 
-    def __init__(self, *, chat: bool) -> None:
+    def __init__(self, *, chat: bool, limit: int | None = None) -> None:
         self.chat = chat
         self.id = ""
         self.created = 0
         self.choices: dict[int, dict[str, Any]] = {}
         self.texts: dict[tuple[int, str], list[str]] = {}
         self.size = 0
-        self.limit = settings.INFERPLANE_MAX_RESPONSE_BYTES
+        self.limit = limit or settings.INFERPLANE_MAX_RESPONSE_BYTES
         self.moderation: dict[str, Any] | None = None  # what a flagging policy found
 
     def add(self, chunk: dict[str, Any]) -> None:

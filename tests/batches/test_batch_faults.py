@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -24,8 +25,8 @@ from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create
 from tests.batches.test_batches import _content, _create, _finished, _line, _until, _upload
 from tests.conftest import run_manage
-from tests.engines import Engine, engine_start, started_engine
-from tests.live import engine_counters, wait_for, worker_start
+from tests.engines import ENGINE_HEADERS, Engine, engine_start, started_engine
+from tests.live import engine_counters, settled_counters, wait_for, worker_start
 from tests.serving import world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
@@ -255,3 +256,81 @@ def test_a_spot_engine_killed_mid_batch_costs_a_retry_not_a_line(
     new = Replica.objects.get(pool__name="spot", url=engine.url)
     assert ledger.filter(replica=new.name).exists()  # the requeued lines ran on the new one
     assert Line.objects.filter(batch_id=created.id, attempts__gt=1).exists()
+
+
+def test_hostile_lines_are_bounded_and_a_slow_answer_is_not_a_dead_replica(
+    spot_rows: None, engine: Engine, serving_db_url: str, stack_factory: Any
+) -> None:
+    """Through a real worker and engine. A line whose answer takes longer than the
+    whole-answer bound is a 504 for that line alone (the replica stays in rotation: the probe
+    decides) and, tried as often as a line may be, fails with ``line_attempts_exhausted``.
+    Then, on a stack with the default bound: a line whose answer is larger than a batch
+    answer may be fails with ``response_too_large`` and is billed what the engine made; the
+    batch goes on and its other lines are answered."""
+    # The slow line asks for 900 tokens of two sequences (seconds on this engine), against a
+    # bound of one second; the other lines go to a stack with the default bound (their
+    # answers take about that long here).
+    slow_stack = stack_factory(
+        serving_db_url,
+        name="batch-slow",
+        extra_env={
+            "INFERPLANE_ENGINE_WHOLE_TIMEOUT_SECONDS": "1",
+            "INFERPLANE_BATCH_LINE_MAX_ATTEMPTS": "2",
+        },
+    )
+    tenant, key = _tenant()
+    client = openai.OpenAI(api_key=key, base_url=slow_stack.url + "/v1", max_retries=0)
+    # What one sequence of the line's prompt costs the engine (its own usage report).
+    asked = httpx.post(
+        f"{engine.url}/v1/chat/completions",
+        headers=ENGINE_HEADERS,
+        json=_line("probe", max_tokens=1)["body"],
+        timeout=60,
+    )
+    prompt = asked.json()["usage"]["prompt_tokens"]
+    before = settled_counters(engine)
+    slow_line = _line("slow", max_tokens=900, n=2, temperature=1, ignore_eos=True)
+    batch = _until(client, _create(client, _upload(client, [slow_line])).id, _finished, 180)
+    assert batch.status == "completed"
+    assert batch.request_counts.model_dump() == {"total": 1, "completed": 0, "failed": 1}
+    [slow] = _content(client, batch.error_file_id)
+    assert slow["response"]["status_code"] == 504
+    error = slow["response"]["body"]["error"]
+    assert error["code"] == "line_attempts_exhausted" and "2 times" in error["message"]
+    assert Line.objects.get(batch_id=batch.id).failures == 1
+    # It reached the engine once per attempt (two sequences each): never failed over, never
+    # retried on the same replica as if it had died, and the replica never left the ready set.
+    after = settled_counters(engine)
+    assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == 2 * 2 * prompt
+    assert set(Replica.objects.filter(pool__name="spot").values_list("state", flat=True)) == {
+        Replica.State.READY
+    }
+    assert not UsageRecord.objects.filter(tenant=tenant).exists()  # it never finished
+    slow_stack.stop()
+
+    stack = stack_factory(
+        serving_db_url,
+        name="batch-big",
+        extra_env={"INFERPLANE_BATCH_MAX_ANSWER_BYTES": str(64 * 1024)},
+    )
+    client = openai.OpenAI(api_key=key, base_url=stack.url + "/v1", max_retries=0)
+    lines = [
+        # ~20 alternatives of ~60 bytes for each of 200 tokens: ~250 KB whole.
+        _line("big", max_tokens=200, ignore_eos=True, logprobs=True, top_logprobs=20),
+        _line("ok-1", max_tokens=1),
+        _line("ok-2", max_tokens=1),
+    ]
+    batch = _until(client, _create(client, _upload(client, lines)).id, _finished, timeout=180)
+    assert batch.status == "completed"
+    assert batch.request_counts.model_dump() == {"total": 3, "completed": 2, "failed": 1}
+    [big] = _content(client, batch.error_file_id)
+    assert big["custom_id"] == "big"
+    assert (big["response"]["status_code"], big["response"]["body"]["error"]["code"]) == (
+        400,
+        "response_too_large",
+    )
+    # Made whole, it is billed whole (its usage read from its end, the rest never held),
+    # beside the two answered lines.
+    billed = UsageRecord.objects.filter(tenant=tenant)
+    assert billed.count() == 3
+    assert billed.filter(completion_tokens=200).count() == 1

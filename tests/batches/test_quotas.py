@@ -6,6 +6,7 @@ call them, the command as an operator runs it."""
 
 from __future__ import annotations
 
+import io
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from batches import quotas
-from batches.files import file_upload, files_expired_delete
+from batches.files import file_store_output, file_upload, files_expired_delete
 from batches.models import Batch, File, Line
 from batches.services import batch_create, batch_object, batch_validate, batches_purge
 from inference.api.errors import ApiError
@@ -156,6 +157,61 @@ def test_a_batch_past_the_open_batches_quota_is_refused(tenant: Tenant) -> None:
     batch_create(api_key=key, params=params)
 
 
+def test_a_tenant_over_its_storage_by_batch_outputs_starts_no_more_batches(
+    tenant: Tenant,
+) -> None:
+    """A batch's own output is always written (the work is done) and counts: a tenant it
+    took past its storage quota starts no batch until it deletes files."""
+    key = _key(tenant)
+    source = _upload(tenant, _jsonl(1))
+    params = {"input_file_id": source.id, "endpoint": "/v1/chat/completions"}
+    params["completion_window"] = "24h"
+    output = file_store_output(
+        tenant=tenant, name="b_output.jsonl", content=io.BytesIO(b"x" * (2 * MIB)), lines=1
+    )
+    tenant_limits_update(tenant=tenant, actor=None, limits={"storage_mb": 2})
+    with pytest.raises(ApiError) as refused:
+        batch_create(api_key=key, params=params)
+    assert refused.value.code == "storage_quota_exceeded"
+    assert not Batch.objects.filter(tenant=tenant).exists()
+    File.objects.filter(pk=output.pk).delete()
+    batch_create(api_key=key, params=params)
+
+
+def test_two_retries_of_one_batch_at_the_quotas_edge_both_get_the_batch(
+    tenant: Tenant,
+) -> None:
+    """The same Idempotency-Key sent twice at once, one batch short of the quota: one makes
+    it, the other waits for the tenant's lock and gets the same batch (not a quota error)."""
+    tenant_limits_update(tenant=tenant, actor=None, limits={"max_open_batches": 1})
+    key = _key(tenant)
+    source = _upload(tenant, _jsonl(1))
+    params = {"input_file_id": source.id, "endpoint": "/v1/chat/completions"}
+    params["completion_window"] = "24h"
+    got: list[str] = []
+    start = threading.Barrier(2)
+
+    def create() -> None:
+        from django.db import connection
+
+        try:
+            start.wait()
+            batch, _ = batch_create(api_key=key, params=params, idempotency_key="job-1")
+            got.append(batch.pk)
+        except ApiError as error:
+            got.append(str(error.code))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=create) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    made = Batch.objects.get(tenant=tenant)
+    assert got == [made.pk, made.pk]
+
+
 def _spot_pool() -> None:
     model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
     pool_ensure(name="spot", kind="spot", model=model, replica_urls=["http://127.0.0.1:9"])
@@ -198,15 +254,19 @@ def test_a_batch_whose_tokens_do_not_fit_the_queue_fails_with_token_limit_exceed
 @pytest.mark.parametrize(
     ("body", "tokens"),
     [
-        ({"messages": [{"role": "user", "content": "x" * 40}]}, 11),  # "user" too
-        ({"messages": [{"role": "user", "content": "x" * 41}], "max_tokens": 5}, 17),
-        ({"prompt": "x" * 8, "max_completion_tokens": 3, "n": 2}, 8),
-        ({"prompt": [1, 2, 3]}, 3),  # token ids count one each
-        ({"prompt": "x", "max_tokens": "lots"}, 1),  # the engine will refuse it, not the quota
+        ({"messages": [{"role": "user", "content": "x" * 40}], "max_tokens": 0}, 11 + 1024),
+        ({"messages": [{"role": "user", "content": "x" * 41}], "max_tokens": 5}, 12 + 5),
+        ({"prompt": "x" * 8, "max_completion_tokens": 3, "n": 2}, 2 + 6),
+        ({"prompt": [1, 2, 3], "max_tokens": 4}, 3 + 4),  # token ids count one each
+        ({"prompt": ["ab", "cd", "ef"], "max_tokens": 10, "n": 2}, 2 + 3 * 2 * 10),
+        ({"prompt": "x", "max_tokens": 5, "n": 1, "best_of": 3}, 1 + 15),
+        # No bound of its own: each sequence counts at the model's context.
+        ({"prompt": "x", "n": 2}, 1 + 2 * 1024),
+        ({"prompt": "x", "max_tokens": "lots"}, 1 + 1024),
     ],
 )
 def test_a_lines_tokens_are_estimated(body: dict[str, Any], tokens: int) -> None:
-    assert quotas.estimated_tokens(body) == tokens
+    assert quotas.estimated_tokens(body, context_length=1024) == tokens
 
 
 # --- retention -------------------------------------------------------------------------------
