@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 
+from contract import CatalogModel, CatalogPool
+from inference.api.admission import W_IN, CatalogMissing, admission
 from inference.api.catalog import catalog_view
+from inference.api.errors import ApiError
 from inference.api.upstream import TRANSPORT_ERRORS, engine_session
 from inference.engine_auth import engine_auth_headers
 from inference.models import Replica
@@ -36,7 +39,27 @@ class GuardFailed(Exception):
     """The guard model could not answer within the budget (no replica, an error, too slow)."""
 
 
-# A guard replica that failed (unreachable, or a server error) is not sent to again at once:
+@dataclass(slots=True)
+class GuardUse:
+    """What one request's checks cost the guard pool: the prompt tokens its engines counted
+    (their own usage reports), for the ledger (``moderation.gateway``, ``/v1/moderations``)."""
+
+    tokens: int = 0
+    pool: str = ""
+    replica: str = ""
+
+
+# A guard call waits for its tenant's turn on the guard pool (the gateway's fair admission)
+# at most this long; the policy's time budget usually ends the wait first.
+ADMISSION_WAIT_SECONDS = 30.0
+CHARS_PER_TOKEN = 4  # the admission's estimate of a text's tokens, before the engine counts
+# Pieces (each at most half the model's context in characters) sent in one /classify call:
+# a huge text goes as several calls, each admitted in its tenant's turn, so another
+# tenant's call waits behind one call's worth of it at most, never behind all of it.
+PIECES_PER_CALL = 16
+
+
+# A guard replica that failed (unreachable) is not sent to again at once:
 # for this long this process sends to the pool's other ready replicas, and with none left
 # applies the policy's fail-open/closed choice at once. A check that ran out of its own
 # time budget marks nothing: the budget is the tenant's, and one tenant's short budget or
@@ -108,15 +131,16 @@ class Cascade:
         deadline: float | None = None,
         rules: bool = True,
         asked: bool = False,
+        use: GuardUse | None = None,
     ) -> list[Assessment]:
         """Every backend of the policy; ``rules=False``: only the models (the classifier
         and the guard), for a caller that ran ``check_rules`` already. ``asked``: a caller
         that named the guard itself (``/v1/moderations``) gets it asked even when it failed
-        a moment ago."""
+        a moment ago. ``use``: where the guard's tokens are added up, for the ledger."""
         if deadline is None:
             deadline = time.monotonic() + self.spec.budget_ms / 1000
         out = self.check_rules(texts) if rules else [Assessment() for _ in texts]
-        return await self._models(texts, out, deadline, asked=asked)
+        return await self._models(texts, out, deadline, asked=asked, use=use)
 
     def check_rules(self, texts: list[str]) -> list[Assessment]:
         """The tenant's rules alone: tens of microseconds, no I/O (what the output guard
@@ -140,7 +164,13 @@ class Cascade:
         return out
 
     async def _models(
-        self, texts: list[str], out: list[Assessment], deadline: float, *, asked: bool
+        self,
+        texts: list[str],
+        out: list[Assessment],
+        deadline: float,
+        *,
+        asked: bool,
+        use: GuardUse | None,
     ) -> list[Assessment]:
         spec = self.spec
         scored: list[dict[str, float]] = [{} for _ in texts]
@@ -156,7 +186,9 @@ class Cascade:
                 scored[i][classifier.CATEGORY] = score
         if self.guard_model:
             try:
-                guarded = await asyncio.wait_for(self._guard(texts, asked=asked), _left(deadline))
+                guarded = await asyncio.wait_for(
+                    self._guard(texts, asked=asked, use=use or GuardUse()), _left(deadline)
+                )
             except (TimeoutError, GuardFailed) as exc:
                 reason = str(exc) or "it did not answer within the time budget"
                 self._failed(out, f"guard model {self.guard_model}: {reason}")
@@ -179,29 +211,28 @@ class Cascade:
             found.failure = reason
             found.escalate("log" if self.spec.fail_open else "block")
 
-    async def _guard(self, texts: list[str], *, asked: bool) -> list[dict[str, float]]:
+    async def _guard(
+        self, texts: list[str], *, asked: bool, use: GuardUse
+    ) -> list[dict[str, float]]:
         """Scores from the guard model: a sequence classifier whose labels are OpenAI's 13
         categories in order, served on the model's online pool (vLLM ``/classify``).
-        ``asked``: a replica that failed a moment ago is tried too."""
+        ``asked``: a replica that failed a moment ago is tried too.
+
+        Each call (``PIECES_PER_CALL`` pieces at most) is admitted like any request to a
+        pool: it waits for its tenant's turn in the pool's fair admission (a tenant's share,
+        by the tokens it sends), runs on the replica admission picks, and frees its slot
+        when it is answered; so one tenant sending the guard much, or huge texts, waits
+        behind its own calls, not others'."""
         catalog = await catalog_view().get()
         model = catalog.models.get(self.guard_model)
-        pool = catalog.pools.get(model.online_pool or "") if model is not None else None
+        pool_name = (model.online_pool or "") if model is not None else ""
+        pool = catalog.pools.get(pool_name)
         if model is None or pool is None or model.task != "classify":
             raise GuardFailed("no such classification model serving")
         if not model.open_to(self.tenant_id):  # made private after the policy was saved
             raise GuardFailed("not open to this organization")
-        ready = [r for r in pool.replicas.values() if r.state == Replica.State.READY]
-        if not ready:
+        if not any(r.state == Replica.State.READY for r in pool.replicas.values()):
             raise GuardFailed("no replica ready")
-        now = time.monotonic()
-        working = [
-            r
-            for r in ready
-            if asked or now - _failed_at.get(r.url, -RETRY_AFTER_SECONDS) >= RETRY_AFTER_SECONDS
-        ]
-        if not working:
-            raise GuardFailed("its replicas failed a moment ago")
-        replica = random.choice(working)  # noqa: S311 - spreading load, not a secret
         # A long text goes in pieces that fit the model's context (a text scores the most
         # any of its pieces does); pieces overlap so that nothing falls between two.
         # Half a character a token leaves room for most text; what is denser (a byte-level
@@ -215,6 +246,27 @@ class Cascade:
                 owner.append(i)
                 if start + size >= len(text):
                     break
+        out: list[dict[str, float]] = [{} for _ in texts]
+        for first in range(0, len(pieces), PIECES_PER_CALL):
+            part = pieces[first : first + PIECES_PER_CALL]
+            rows = await self._classify_admitted(pool_name, pool, model, part, asked, use)
+            for row, probs in enumerate(rows):
+                scores = out[owner[first + row]]
+                for name, p in zip(CATEGORIES, probs, strict=False):
+                    scores[name] = max(float(p), scores.get(name, 0.0))
+        return out
+
+    async def _classify_admitted(
+        self,
+        pool_name: str,
+        pool: CatalogPool,
+        model: CatalogModel,
+        pieces: list[str],
+        asked: bool,
+        use: GuardUse,
+    ) -> list[list[float]]:
+        """One ``/classify`` call of at most ``PIECES_PER_CALL`` pieces, admitted: each piece's
+        probabilities, in order."""
         body = orjson.dumps(
             {
                 "model": model.served_name,
@@ -222,31 +274,71 @@ class Cascade:
                 "truncate_prompt_tokens": model.context_length,
             }
         )
+        estimate = sum(len(piece) for piece in pieces) // CHARS_PER_TOKEN + 1
+        rid = "guard-" + uuid.uuid4().hex
+        gate = admission()
         try:
+            chosen = await gate.admit(
+                pool=pool_name,
+                rid=rid,
+                tenant=self.tenant_id,
+                weight=1,
+                prompt_estimate=estimate,
+                prefix="",
+                wait_seconds=ADMISSION_WAIT_SECONDS,
+                limit_keys=(),
+            )
+        except (ApiError, CatalogMissing) as exc:
+            raise GuardFailed("no guard replica free in time") from exc
+        counted = 0
+        try:
+            replica = pool.replicas.get(chosen)
+            failed_at = _failed_at.get(replica.url, -RETRY_AFTER_SECONDS) if replica else 0.0
+            if (
+                replica is not None
+                and not asked
+                and time.monotonic() - failed_at < RETRY_AFTER_SECONDS
+            ):
+                # It failed a moment ago (unreachable): another one, if the pool has one.
+                other = await gate.reroute(pool=pool_name, rid=rid, failed=chosen)
+                replica = pool.replicas.get(other) if other and other != chosen else None
+                if not other:
+                    rid = ""  # its slot was released with the reroute
+                if replica is None:
+                    raise GuardFailed("its replicas failed a moment ago")
+            if replica is None:
+                raise GuardFailed("its replica left the pool")
+            use.pool, use.replica = pool_name, replica.name
             try:
-                status, raw = await _classify(replica.url, body)
-            except aiohttp.ServerDisconnectedError:
-                # Most likely a pooled keep-alive connection the engine had just closed: one
-                # fresh try before calling the replica failed (as the gateway's relay does).
-                status, raw = await _classify(replica.url, body)
-        except TRANSPORT_ERRORS as exc:
-            _failed_at[replica.url] = time.monotonic()
-            raise GuardFailed(f"unreachable ({type(exc).__name__})") from exc
-        if status >= 500:
-            _failed_at[replica.url] = time.monotonic()
-        if status != 200:
-            raise GuardFailed(f"the engine answered {status}")
-        _failed_at.pop(replica.url, None)
-        try:
-            data = orjson.loads(raw)["data"]
-            out: list[dict[str, float]] = [{} for _ in texts]
-            for row in data:
-                scores = out[owner[int(row["index"])]]
-                for name, p in zip(CATEGORIES, row["probs"], strict=False):
-                    scores[name] = max(float(p), scores.get(name, 0.0))
-            return out
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
-            raise GuardFailed("its answer was not a classification") from exc
+                try:
+                    status, raw = await _classify(replica.url, body)
+                except aiohttp.ServerDisconnectedError:
+                    # Most likely a pooled keep-alive connection the engine had just closed:
+                    # one fresh try before calling the replica failed (as the relay does).
+                    status, raw = await _classify(replica.url, body)
+            except TRANSPORT_ERRORS as exc:
+                _failed_at[replica.url] = time.monotonic()
+                raise GuardFailed(f"unreachable ({type(exc).__name__})") from exc
+            # An error status fails this check alone: a text of one tenant's that the
+            # engine cannot take must not take the replica away from the others (the health
+            # probe says whether it is down).
+            if status != 200:
+                raise GuardFailed(f"the engine answered {status}")
+            _failed_at.pop(replica.url, None)
+            try:
+                answer = orjson.loads(raw)
+                counted = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+                use.tokens += counted
+                rows: list[list[float]] = [[] for _ in pieces]
+                for row in answer["data"]:
+                    rows[int(row["index"])] = [float(p) for p in row["probs"]]
+                return rows
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
+                raise GuardFailed("its answer was not a classification") from exc
+        finally:
+            if rid:  # its slot, and the difference between its estimate and its count
+                adjustment = W_IN * (counted - estimate) if counted else 0
+                await asyncio.shield(gate.complete(pool=pool_name, rid=rid, adjustment=adjustment))
 
 
 async def _classify(url: str, body: bytes) -> tuple[int, bytes]:

@@ -24,7 +24,7 @@ from inference.api.catalog import catalog_view
 from inference.api.consumers import JSON, GatewayHttpConsumer
 from inference.api.errors import ApiError, invalid_request, model_not_found
 from inference.api.lua import Batch
-from moderation.cascade import Cascade
+from moderation.cascade import Cascade, GuardUse
 from moderation.categories import CATEGORIES
 from moderation.gateway import MODEL_NAME, moderation_checked, policy_view
 from moderation.policy import CategoryRule, PolicySpec
@@ -136,6 +136,7 @@ class ModerationsConsumer(GatewayHttpConsumer):
             )
             cascade = Cascade(key.tenant_id, only_guard)
         rid = self.rid
+        use = GuardUse()  # the guard model's tokens, as its engines count them
         grant = await limits.acquire(key, rid=rid, estimate=0)
         self.ran = True  # metered from here on, whatever happens
         status = "error"
@@ -146,7 +147,7 @@ class ModerationsConsumer(GatewayHttpConsumer):
                 GUARD_SECONDS if named else cascade.spec.budget_ms / 1000
             )
             checked = time.perf_counter()
-            assessed = await cascade.assess(texts, deadline=deadline, asked=named)
+            assessed = await cascade.assess(texts, deadline=deadline, asked=named, use=use)
             for found in assessed:
                 moderation_checked("api", found, time.perf_counter() - checked)
             failed = next((a.failure for a in assessed if a.failure), "")
@@ -170,6 +171,9 @@ class ModerationsConsumer(GatewayHttpConsumer):
                 model=cascade.guard_model or MODEL_NAME,
                 endpoint="moderations",
                 status=status,
+                prompt_tokens=use.tokens,
+                pool=use.pool,
+                replica=use.replica,
                 duration_ms=int((time.perf_counter() - t0) * 1000),
                 started_at=started,
                 finished_at=datetime.now(UTC),
@@ -178,7 +182,7 @@ class ModerationsConsumer(GatewayHttpConsumer):
                 tenant_slug=key.tenant_slug, model=record.model, status=status
             )
             pipe = Batch()
-            grant.release_into(pipe, 0, 0)
+            grant.release_into(pipe, use.tokens, 0)  # the guard's tokens count to its tpm
             metering.spool_into(pipe, record)
             await pipe.execute()
         await self.send_response(200, orjson.dumps(answer), headers=[JSON, *grant.headers])

@@ -28,13 +28,15 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import msgspec
 import orjson
 from redis.exceptions import RedisError
 
-from inference.api import metrics
+from contract import UsageRecord
+from inference.api import metering, metrics
 from inference.api.auth import KeyInfo
 from inference.api.db import run_db
 from inference.api.redis import redis_async
@@ -42,7 +44,7 @@ from inference.api.schema import ParsedRequest
 from inference.api.seams import Chunk, GuardBuilder, InputCheck, Screened
 from inference.api.watch import watch_forever
 from moderation import classifier
-from moderation.cascade import Assessment, Cascade
+from moderation.cascade import Assessment, Cascade, GuardUse
 from moderation.policy import SEVERITY, PolicySpec, Snapshot, snapshot_decoder, window_step
 from moderation.publishing import CHANNEL, POLICIES_KEY, VERSION_KEY, policies_publish
 from moderation.rules import mask
@@ -391,6 +393,8 @@ class Guarded:
         self.show = False  # a flag fired: the answer carries the moderation object
         self.output_action: str | None = None  # the strongest output event recorded
         self.checks: list[asyncio.Task[tuple[int, str, Assessment]]] = []
+        self.use = GuardUse()  # what the guard model's engines counted for this request
+        self.started_at = datetime.now(UTC)
         spec = self.spec
         self.hold = spec.output_mode == "hold"
         self.window = spec.window_tokens
@@ -430,7 +434,7 @@ class Guarded:
         text = self.input_text or ""
         checked = time.perf_counter()
         found = self.input_found or Assessment()
-        found.merge((await self.cascade.assess([text], rules=False))[0])
+        found.merge((await self.cascade.assess([text], rules=False, use=self.use))[0])
         moderation_checked("input", found, time.perf_counter() - checked)
         return await self._input_verdict(found, text, key)
 
@@ -543,7 +547,7 @@ class Guarded:
         state.checked = end
         if self.hold:
             checked = time.perf_counter()
-            found = (await self.cascade.assess([text]))[0]
+            found = (await self.cascade.assess([text], use=self.use))[0]
             moderation_checked("output", found, time.perf_counter() - checked)
             cut = await self._verdict(index, text, found)
             if cut is None:
@@ -564,7 +568,7 @@ class Guarded:
 
     async def _checked(self, index: int, text: str) -> tuple[int, str, Assessment]:
         checked = time.perf_counter()
-        found = (await self.cascade.assess([text], rules=False))[0]
+        found = (await self.cascade.assess([text], rules=False, use=self.use))[0]
         moderation_checked("output", found, time.perf_counter() - checked)
         return index, text, found
 
@@ -601,6 +605,23 @@ class Guarded:
             task.cancel()
         self.checks = []
 
+    async def settle(self, *, mode: str) -> None:
+        """The guard model's work for this request, as its engines counted it, is a record
+        of its own on the guard model (priced by the price book, on the invoice): the tenant
+        whose text was checked pays for the checking, as for the answer."""
+        if not self.use.tokens:
+            return
+        await metering.store(
+            guard_record(
+                rid=f"{self.rid}:guard",
+                key=self.key,
+                model=self.cascade.guard_model,
+                use=self.use,
+                mode=mode,
+                started_at=self.started_at,
+            )
+        )
+
 
 def _results(found: Assessment | None) -> dict[str, Any]:
     """One side of OpenAI's ``ChatCompletionModeration``: the results, or why there are none."""
@@ -630,3 +651,25 @@ async def guard_source(key: KeyInfo) -> GuardBuilder | None:
         return Guarded(cascade, key=key, rid=rid, parsed=parsed, tokens=tokens)
 
     return build
+
+
+def guard_record(
+    *, rid: str, key: KeyInfo, model: str, use: GuardUse, mode: str, started_at: datetime
+) -> UsageRecord:
+    """The ledger's record of a guard model's work: prompt tokens, on the guard model."""
+    finished = datetime.now(UTC)
+    return UsageRecord(
+        request_id=rid,
+        tenant_id=key.tenant_id,
+        api_key_id=key.key_id,
+        model=model,
+        endpoint="moderations",
+        mode=mode,
+        status="ok",
+        prompt_tokens=use.tokens,
+        pool=use.pool,
+        replica=use.replica,
+        duration_ms=int((finished - started_at).total_seconds() * 1000),
+        started_at=started_at,
+        finished_at=finished,
+    )

@@ -263,6 +263,8 @@ class Lifecycle:
                 await self.relay.close()
             finally:
                 await finish(self.call, cancelled=cancelled)
+                if self.guard is not None:
+                    await self.guard.settle(mode=self.call.mode)
 
 
 def _note_finished(chunks: list[dict[str, Any]], finished: set[int]) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+from redis.exceptions import RedisError
+
 from billing.services import usage_records_insert
 from billing.spool import FIELD, USAGE_STREAM
 from contract import UsageRecord, encode
@@ -21,6 +23,17 @@ log = logging.getLogger(__name__)
 def spool_into(pipe: Batch, record: UsageRecord) -> None:
     """Queue the record on a pipeline that also carries the request's other end-of-life work."""
     pipe.xadd(USAGE_STREAM, {FIELD: encode(record)})
+
+
+async def store(record: UsageRecord) -> None:
+    """A record of its own (not part of a request's end-of-life round trip): spooled, or
+    straight to Postgres when Redis cannot take it."""
+    try:
+        pipe = Batch()
+        spool_into(pipe, record)
+        await pipe.execute()
+    except RedisError:
+        await store_directly(record)
 
 
 async def store_directly(record: UsageRecord) -> None:

@@ -63,8 +63,9 @@ InputCheck = Callable[[ParsedRequest, KeyInfo], Awaitable[str | None]]
 class RequestGuard(OutputFilter, Protocol):
     """One request's guard: what it checks of the input before the request is sent (cheap
     checks: a refusal then costs the engine nothing), its input check beside the prefill
-    (None: nothing more to check; read once ``input_rules`` passed), its output filter, and
-    what it makes of the engine's request body before it is sent (masking, say)."""
+    (None: nothing more to check; read once ``input_rules`` passed), its output filter,
+    what it makes of the engine's request body before it is sent (masking, say), and what
+    it does once the request has ended (``settle``: its own usage, to the ledger)."""
 
     async def input_rules(self, parsed: ParsedRequest, key: KeyInfo) -> str | None: ...
 
@@ -72,6 +73,9 @@ class RequestGuard(OutputFilter, Protocol):
     def input_check(self) -> InputCheck | None: ...
 
     def rewrite(self, upstream: bytes) -> bytes: ...
+
+    async def settle(self, *, mode: str) -> None:
+        """The request has ended (metered, released): what its checks cost is recorded."""
 
 
 # (the request's id, the request as validated, the engine's completion tokens so far per

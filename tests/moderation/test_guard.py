@@ -8,23 +8,27 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from inference.catalog import catalog_publish
-from inference.models import Model, Replica
+from billing.services import price_set
+from controlplane.redis import redis_sync
+from inference.catalog import catalog_publish, pool_prefix
+from inference.models import Model, Pool, Replica
 from inference.services import model_ensure, pool_ensure, replica_probe
 from moderation.models import ModerationEvent
 from moderation.policy import PolicyInvalid
 from moderation.services import moderation_events_flush, moderation_policy_set
 from tenants.models import Tenant
 from tests.engines import ENGINE_HEADERS, Engine
-from tests.live import wait_for
+from tests.live import settled_counters, wait_for
 from tests.serving import World
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
@@ -229,3 +233,78 @@ def test_a_tenant_names_only_a_guard_model_it_may_call(guarded: World) -> None:
         model.is_public = True
         model.save()
         catalog_publish()
+
+
+def test_the_guards_work_is_metered_and_priced_on_the_guard_model(
+    guarded: World, guard_engine: Engine
+) -> None:
+    """The guard model's tokens, as its engine counts them, are the tenant's: on
+    ``/v1/moderations``' record, and on a record of their own (``<request id>:guard``) for a
+    moderated chat request; priced by the guard model's price."""
+    price_set(
+        model=Model.objects.get(name="tiny-guard"),
+        input_per_mtok=Decimal(100),
+        output_per_mtok=Decimal(0),
+        actor=None,
+    )
+    tenant, key = guarded.tenant()
+    before = settled_counters(guard_engine)
+    client = guarded.stack.openai(key)
+    client.moderations.create(model="tiny-guard", input=["a fox", "calm sea " * 200])
+    [asked] = wait_for(lambda: guarded.records(tenant=tenant, endpoint="moderations"))
+    middle = settled_counters(guard_engine)
+    assert asked.model == "tiny-guard" and asked.pool == "guard"
+    assert asked.prompt_tokens > 0
+    assert asked.prompt_tokens == (
+        middle["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
+    )
+    assert asked.cost_micros == asked.prompt_tokens * 100  # $100 per million tokens
+    _policy(tenant)
+    answered = _chat(guarded, key, "Tell me about a dog in the woods.")
+    assert answered.status_code == 200
+    rid = answered.headers["x-request-id"]
+    checked = wait_for(lambda: guarded.records(tenant=tenant, request_id=f"{rid}:guard"))[0]
+    after = settled_counters(guard_engine)
+    # The input and every output window of the answer: one record, the engine's own count.
+    assert checked.prompt_tokens == (
+        after["vllm:prompt_tokens_total"] - middle["vllm:prompt_tokens_total"]
+    )
+    assert (checked.model, checked.endpoint, checked.status) == ("tiny-guard", "moderations", "ok")
+    assert checked.cost_micros == checked.prompt_tokens * 100
+
+
+def test_guard_calls_wait_their_tenants_turn_in_the_guard_pools_admission(
+    guarded: World, guard_engine: Engine
+) -> None:
+    """With the guard pool full (one slot, held by a call of one tenant's that its stopped
+    engine does not answer), another tenant's call waits in the pool's fair admission, in a
+    queue of its own, instead of piling onto the engine; once the engine answers, every call
+    gets its own verdict."""
+    Pool.objects.filter(name="guard").update(max_inflight=1)
+    catalog_publish()
+    time.sleep(1.1)  # the catalog's promise: every web process has it within a second
+    (busy, busy_key), (other, other_key) = guarded.tenant(), guarded.tenant()
+    prefix = pool_prefix("guard")
+    redis = redis_sync()
+    results: dict[str, Any] = {}
+
+    def ask(name: str, key: str, text: str) -> None:
+        client = guarded.stack.openai(key).with_options(max_retries=0, timeout=60)
+        results[name] = client.moderations.create(model="tiny-guard", input=text)
+
+    os.killpg(guard_engine.process.pid, signal.SIGSTOP)
+    threads = []
+    try:
+        threads.append(threading.Thread(target=ask, args=("busy", busy_key, "a dog")))
+        threads[-1].start()
+        wait_for(lambda: redis.hget(prefix + "active", str(busy.pk)) == b"1", timeout=10)
+        threads.append(threading.Thread(target=ask, args=("other", other_key, "a fox")))
+        threads[-1].start()
+        wait_for(lambda: redis.llen(f"{prefix}q:{other.pk}") == 1, timeout=10)
+        assert redis.hget(prefix + "active", str(other.pk)) in (None, b"0")
+    finally:
+        os.killpg(guard_engine.process.pid, signal.SIGCONT)
+        for thread in threads:
+            thread.join(timeout=60)
+    assert not results["busy"].results[0].flagged
+    assert results["other"].results[0].categories.violence
