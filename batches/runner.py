@@ -160,6 +160,8 @@ class Answer:
     body: dict[str, Any]
     record: UsageRecord | None
     begun: bool = False  # it got past admission: a replica worked on it
+    # The records of its moderation's guard model (``<request id>:guard``): billed with it.
+    extra: tuple[UsageRecord, ...] = ()
 
 
 def _exhausted(answer: Answer) -> Answer:
@@ -242,6 +244,7 @@ def _store_many(token: str, answers: list[Answer]) -> int:
                 outcomes["done" if answer.status == 200 else "failed"] += 1
             if stored and record is not None:
                 billed.append(record)
+                billed.extend(answer.extra)
         if billed:
             usage_records_insert(billed)
     _count_processed(outcomes)
@@ -282,7 +285,8 @@ async def _run_line(plan: Plan, line: Claimed, begun: set[int]) -> Answer:
             ledger=records.append,
             admitted=lambda: begun.add(line.pk),
         )
-    return Answer(line, status, body, records[0] if records else None, line.pk in begun)
+    main = records[0] if records else None
+    return Answer(line, status, body, main, line.pk in begun, tuple(records[1:]))
 
 
 def _batch_state(batch_id: str) -> tuple[str, bool]:

@@ -19,9 +19,10 @@ from typing import Any
 
 import aiohttp
 import orjson
+from redis.exceptions import RedisError
 
 from contract import CatalogModel, CatalogPool
-from inference.api.admission import W_IN, CatalogMissing, admission
+from inference.api.admission import W_IN, Admission, CatalogMissing, admission
 from inference.api.catalog import catalog_view
 from inference.api.errors import ApiError
 from inference.api.upstream import TRANSPORT_ERRORS, engine_session
@@ -47,15 +48,17 @@ class GuardUse:
     tokens: int = 0
     pool: str = ""
     replica: str = ""
+    weight: int = 1  # the tenant's fair-share weight, for the guard pool's admission
 
 
 # A guard call waits for its tenant's turn on the guard pool (the gateway's fair admission)
 # at most this long; the policy's time budget usually ends the wait first.
 ADMISSION_WAIT_SECONDS = 30.0
 CHARS_PER_TOKEN = 4  # the admission's estimate of a text's tokens, before the engine counts
-# Pieces (each at most half the model's context in characters) sent in one /classify call:
-# a huge text goes as several calls, each admitted in its tenant's turn, so another
-# tenant's call waits behind one call's worth of it at most, never behind all of it.
+# Pieces (each at most half the model's context in characters) sent in one /classify call
+# (fewer when the pool's replicas take fewer sequences at once: a piece is a sequence): a huge
+# text goes as several calls, each admitted in its tenant's turn, so another tenant's call
+# waits behind one call's worth of it at most, never behind all of it.
 PIECES_PER_CALL = 16
 
 
@@ -246,10 +249,26 @@ class Cascade:
                 owner.append(i)
                 if start + size >= len(text):
                     break
+        # The calls queue in the tenant's own queue of the pool's admission, all at once: a
+        # long text costs its own tenant turns, never another's.
+        per_call = max(1, min(PIECES_PER_CALL, pool.max_inflight))
+        starts = range(0, len(pieces), per_call)
+        calls = [
+            asyncio.ensure_future(
+                self._classify_admitted(
+                    pool_name, pool, model, pieces[first : first + per_call], asked, use
+                )
+            )
+            for first in starts
+        ]
+        try:
+            answers = await asyncio.gather(*calls)
+        finally:  # one failed (the check has failed): the others are not waited for
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
         out: list[dict[str, float]] = [{} for _ in texts]
-        for first in range(0, len(pieces), PIECES_PER_CALL):
-            part = pieces[first : first + PIECES_PER_CALL]
-            rows = await self._classify_admitted(pool_name, pool, model, part, asked, use)
+        for first, rows in zip(starts, answers, strict=True):
             for row, probs in enumerate(rows):
                 scores = out[owner[first + row]]
                 for name, p in zip(CATEGORIES, probs, strict=False):
@@ -282,14 +301,17 @@ class Cascade:
                 pool=pool_name,
                 rid=rid,
                 tenant=self.tenant_id,
-                weight=1,
+                weight=use.weight,
                 prompt_estimate=estimate,
                 prefix="",
                 wait_seconds=ADMISSION_WAIT_SECONDS,
                 limit_keys=(),
+                sequences=len(pieces),  # each piece is a sequence on the engine
             )
         except (ApiError, CatalogMissing) as exc:
             raise GuardFailed("no guard replica free in time") from exc
+        except RedisError as exc:
+            raise GuardFailed("its admission is unavailable (Redis)") from exc
         counted = 0
         try:
             replica = pool.replicas.get(chosen)
@@ -300,7 +322,10 @@ class Cascade:
                 and time.monotonic() - failed_at < RETRY_AFTER_SECONDS
             ):
                 # It failed a moment ago (unreachable): another one, if the pool has one.
-                other = await gate.reroute(pool=pool_name, rid=rid, failed=chosen)
+                try:
+                    other = await gate.reroute(pool=pool_name, rid=rid, failed=chosen)
+                except RedisError as exc:
+                    raise GuardFailed("its admission is unavailable (Redis)") from exc
                 replica = pool.replicas.get(other) if other and other != chosen else None
                 if not other:
                     rid = ""  # its slot was released with the reroute
@@ -338,7 +363,16 @@ class Cascade:
         finally:
             if rid:  # its slot, and the difference between its estimate and its count
                 adjustment = W_IN * (counted - estimate) if counted else 0
-                await asyncio.shield(gate.complete(pool=pool_name, rid=rid, adjustment=adjustment))
+                await asyncio.shield(_complete(gate, pool_name, rid, adjustment))
+
+
+async def _complete(gate: Admission, pool: str, rid: str, adjustment: int) -> None:
+    """The call's slot back; a Redis that cannot take it now leaves it to the lease reaper
+    (the check's result stands)."""
+    try:
+        await gate.complete(pool=pool, rid=rid, adjustment=adjustment)
+    except RedisError:
+        log.warning("could not free the guard slot of %s (the lease reaper will)", rid)
 
 
 async def _classify(url: str, body: bytes) -> tuple[int, bytes]:

@@ -18,8 +18,10 @@ import msgspec
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from contract import UsageRecord
+from billing.pricing import cost_micros
+from contract import UsageRecord, price_in_force
 from inference.api import limits, metering, metrics
+from inference.api.auth import KeyInfo
 from inference.api.catalog import catalog_view
 from inference.api.consumers import JSON, GatewayHttpConsumer
 from inference.api.errors import ApiError, invalid_request, model_not_found
@@ -136,7 +138,7 @@ class ModerationsConsumer(GatewayHttpConsumer):
             )
             cascade = Cascade(key.tenant_id, only_guard)
         rid = self.rid
-        use = GuardUse()  # the guard model's tokens, as its engines count them
+        use = GuardUse(weight=key.weight)  # the guard's tokens, as its engines count them
         grant = await limits.acquire(key, rid=rid, estimate=0)
         self.ran = True  # metered from here on, whatever happens
         status = "error"
@@ -182,7 +184,30 @@ class ModerationsConsumer(GatewayHttpConsumer):
                 tenant_slug=key.tenant_slug, model=record.model, status=status
             )
             pipe = Batch()
-            grant.release_into(pipe, use.tokens, 0)  # the guard's tokens count to its tpm
+            # The guard's tokens count toward the key's limits and budgets, at their price.
+            grant.release_into(pipe, use.tokens, await _guard_cost(key, record.model, use))
             metering.spool_into(pipe, record)
             await pipe.execute()
         await self.send_response(200, orjson.dumps(answer), headers=[JSON, *grant.headers])
+
+
+async def _guard_cost(key: KeyInfo, model_name: str, use: GuardUse) -> int:
+    """What the guard's tokens cost at the catalog's price (the ledger prices the record
+    itself, with the same arithmetic): for the spend budgets."""
+    if not use.tokens:
+        return 0
+    catalog = await catalog_view().for_tenant(key.tenant_id)
+    model = catalog.models.get(model_name)
+    rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=time.time()) if model else None
+    if rates is None:
+        return 0
+    return cost_micros(
+        input_per_mtok=rates.input_per_mtok,
+        cached_input_per_mtok=rates.cached_input_per_mtok,
+        output_per_mtok=rates.output_per_mtok,
+        batch_discount_percent=rates.batch_discount_percent,
+        batch=False,
+        prompt_tokens=use.tokens,
+        cached_tokens=0,
+        completion_tokens=0,
+    )

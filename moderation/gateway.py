@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -393,7 +393,7 @@ class Guarded:
         self.show = False  # a flag fired: the answer carries the moderation object
         self.output_action: str | None = None  # the strongest output event recorded
         self.checks: list[asyncio.Task[tuple[int, str, Assessment]]] = []
-        self.use = GuardUse()  # what the guard model's engines counted for this request
+        self.use = GuardUse(weight=key.weight)  # what the guard's engines counted for it
         self.started_at = datetime.now(UTC)
         spec = self.spec
         self.hold = spec.output_mode == "hold"
@@ -605,22 +605,33 @@ class Guarded:
             task.cancel()
         self.checks = []
 
-    async def settle(self, *, mode: str) -> None:
+    async def settle(
+        self, *, mode: str, ledger: Callable[[UsageRecord], None] | None = None
+    ) -> None:
         """The guard model's work for this request, as its engines counted it, is a record
         of its own on the guard model (priced by the price book, on the invoice): the tenant
-        whose text was checked pays for the checking, as for the answer."""
+        whose text was checked pays for the checking, as for the answer. Checks still
+        running are stopped first (the answer is over: nothing is left for them to hold
+        back). ``ledger``: where the request's own record went (a batch line's goes with
+        its line, billed once the line is stored), else the spool."""
+        pending = [task for task in self.checks if not task.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         if not self.use.tokens:
             return
-        await metering.store(
-            guard_record(
-                rid=f"{self.rid}:guard",
-                key=self.key,
-                model=self.cascade.guard_model,
-                use=self.use,
-                mode=mode,
-                started_at=self.started_at,
-            )
+        record = guard_record(
+            rid=f"{self.rid}:guard",
+            key=self.key,
+            model=self.cascade.guard_model,
+            use=self.use,
+            mode=mode,
+            started_at=self.started_at,
         )
+        if ledger is not None:
+            ledger(record)
+        else:
+            await metering.store(record)
 
 
 def _results(found: Assessment | None) -> dict[str, Any]:

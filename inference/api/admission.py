@@ -39,7 +39,7 @@ import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from redis.exceptions import RedisError
 
@@ -144,20 +144,30 @@ class Admission:
         self.held[rid] = (pool, limit_keys, limit_member or rid)
         granted = False
         try:
-            result = await ENQUEUE(
-                keys=[base],
-                args=self._args(
-                    rid,
-                    tenant,
-                    weight,
-                    W_IN * prompt_estimate,
-                    self.proc,
-                    prefix,
-                    int(wait_seconds * 1000),
-                    adapter,
-                    sequences,
-                ),
+            # The script runs whole or not at all: a cancel while its answer is on the way
+            # (a guard check out of its budget, a client gone) must not leave a slot it may
+            # have granted held by nobody until its lease runs out (LEASE_MS, for everyone).
+            enqueue = asyncio.ensure_future(
+                ENQUEUE(
+                    keys=[base],
+                    args=self._args(
+                        rid,
+                        tenant,
+                        weight,
+                        W_IN * prompt_estimate,
+                        self.proc,
+                        prefix,
+                        int(wait_seconds * 1000),
+                        adapter,
+                        sequences,
+                    ),
+                )
             )
+            try:
+                result = await asyncio.shield(enqueue)
+            except asyncio.CancelledError:
+                await asyncio.shield(self._undo_enqueue(pool, rid, enqueue, future))
+                raise
             state, replica = str(result[0].decode()), str(result[1].decode())
             if state == "nocatalog":
                 raise CatalogMissing(pool)
@@ -166,12 +176,11 @@ class Admission:
                 return replica
             try:
                 replica = str(await asyncio.wait_for(asyncio.shield(future), timeout=wait_seconds))
-            except (TimeoutError, asyncio.CancelledError) as exc:
+            except asyncio.CancelledError:
+                await asyncio.shield(self._leave(pool, rid, future))
+                raise
+            except TimeoutError:
                 replica = await self._withdraw(pool, rid, future)
-                if isinstance(exc, asyncio.CancelledError):
-                    if replica:
-                        await self.complete(pool=pool, rid=rid, adjustment=0)
-                    raise
                 if not replica:
                     raise overloaded(max(1, int(wait_seconds / 4)), kind="queue_timeout") from None
             granted = True
@@ -181,6 +190,26 @@ class Admission:
                 self.held.pop(rid, None)
             self.waiters.pop(rid, None)
             self.waiting[pool] -= 1
+
+    async def _undo_enqueue(
+        self, pool: str, rid: str, enqueue: asyncio.Future[Any], future: asyncio.Future[str]
+    ) -> None:
+        """The caller was cancelled while its ENQUEUE ran: whatever the script did (granted,
+        queued, nothing) is undone."""
+        try:
+            result = await enqueue
+        except (RedisError, asyncio.CancelledError):
+            return  # it did not run (or we cannot know: the lease reaper frees it)
+        state = result[0].decode()
+        if state == "granted":
+            await self.complete(pool=pool, rid=rid, adjustment=0)
+        elif state != "nocatalog":
+            await self._leave(pool, rid, future)
+
+    async def _leave(self, pool: str, rid: str, future: asyncio.Future[str]) -> None:
+        """Out of the queue, and the slot given back if a grant won the race."""
+        if await self._withdraw(pool, rid, future):
+            await self.complete(pool=pool, rid=rid, adjustment=0)
 
     async def _withdraw(self, pool: str, rid: str, future: asyncio.Future[str]) -> str:
         """Leave the queue; if the grant won the race, the replica it carries."""

@@ -262,9 +262,11 @@ class Lifecycle:
             try:
                 await self.relay.close()
             finally:
-                await finish(self.call, cancelled=cancelled)
-                if self.guard is not None:
-                    await self.guard.settle(mode=self.call.mode)
+                try:
+                    await finish(self.call, cancelled=cancelled)
+                finally:
+                    if self.guard is not None:
+                        await self.guard.settle(mode=self.call.mode, ledger=self.call.ledger)
 
 
 def _note_finished(chunks: list[dict[str, Any]], finished: set[int]) -> None:

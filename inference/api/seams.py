@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from contract import UsageRecord
 from inference.api.auth import KeyInfo
 from inference.api.errors import ApiError
 from inference.api.schema import ParsedRequest
@@ -74,8 +75,11 @@ class RequestGuard(OutputFilter, Protocol):
 
     def rewrite(self, upstream: bytes) -> bytes: ...
 
-    async def settle(self, *, mode: str) -> None:
-        """The request has ended (metered, released): what its checks cost is recorded."""
+    async def settle(
+        self, *, mode: str, ledger: Callable[[UsageRecord], None] | None = None
+    ) -> None:
+        """The request has ended (metered, released): what its checks cost is recorded,
+        through ``ledger`` when the request's own record went there."""
 
 
 # (the request's id, the request as validated, the engine's completion tokens so far per

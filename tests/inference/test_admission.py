@@ -456,3 +456,30 @@ async def test_a_held_slot_is_taken_only_by_a_request_that_fits() -> None:
     await adm.complete(pool=POOL, rid="t1", adjustment=0)
     assert await back == "r1"
     assert await redis_async().hget(BASE + "rload", "r1") == b"3"
+
+
+async def test_an_admit_cancelled_at_any_moment_leaves_no_slot_taken() -> None:
+    """A caller cancelled while its request is on the way to Redis (a guard check out of its
+    budget, a client gone) leaves nothing behind, whatever the script did meanwhile: granted,
+    queued or not run. Before, a grant whose answer the cancel dropped held the slot for
+    nobody until its lease ran out (20 s, for every tenant of the pool)."""
+    await _pool({"r1": 1})
+    adm = Admission()
+    client = redis_async()
+    for steps in range(40):  # every point of the round trip, one event-loop step at a time
+        attempt = asyncio.create_task(_admit(adm, f"cancelled-{steps}", tenant=1 + steps % 2))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        attempt.cancel()
+        try:
+            got = await attempt
+        except asyncio.CancelledError:
+            pass
+        else:  # it was granted before the cancel: its caller holds it, and gives it back
+            assert got == "r1"
+            await adm.complete(pool=POOL, rid=f"cancelled-{steps}", adjustment=0)
+        assert await client.zcard(BASE + "inflight") == 0, steps
+        assert await client.zcard(BASE + "backlog") == 0, steps
+        assert not await client.exists(BASE + f"req:cancelled-{steps}"), steps
+    # The one slot is free: the next request gets it at once.
+    assert await _admit(adm, "after", tenant=3, wait_seconds=0.5) == "r1"

@@ -27,6 +27,14 @@ from moderation.models import ModerationEvent
 from moderation.policy import PolicyInvalid
 from moderation.services import moderation_events_flush, moderation_policy_set
 from tenants.models import Tenant
+from tests.batches.test_batches import _client as batch_client
+from tests.batches.test_batches import _content as batch_content
+from tests.batches.test_batches import _create as batch_create
+from tests.batches.test_batches import _finished as finished
+from tests.batches.test_batches import _line as batch_line
+from tests.batches.test_batches import _until as batch_until
+from tests.batches.test_batches import _upload as batch_upload
+from tests.batches.test_batches import spot  # noqa: F401  (fixture)
 from tests.engines import ENGINE_HEADERS, Engine
 from tests.live import settled_counters, wait_for
 from tests.serving import World
@@ -308,3 +316,22 @@ def test_guard_calls_wait_their_tenants_turn_in_the_guard_pools_admission(
             thread.join(timeout=60)
     assert not results["busy"].results[0].flagged
     assert results["other"].results[0].categories.violence
+
+
+def test_a_batch_lines_guard_work_is_billed_with_its_line(
+    guarded: World,
+    spot: World,  # noqa: F811
+) -> None:
+    """A batch line's guard record goes with the line: stored and billed when the line is
+    (a line that is not stored is billed nothing, its checks included)."""
+    tenant, key = guarded.tenant()
+    _policy(tenant, check_output=False)
+    client = batch_client(spot, key)
+    lines = [batch_line(f"l{i}", content="Tell me about a dog in the woods.") for i in range(2)]
+    batch = batch_until(client, batch_create(client, batch_upload(client, lines)).id, finished)
+    assert batch.status == "completed" and batch.request_counts.completed == 2
+    answered = {o["response"]["request_id"] for o in batch_content(client, batch.output_file_id)}
+    records = guarded.records(tenant=tenant)
+    checks = {r.request_id.removesuffix(":guard"): r for r in records if r.model == "tiny-guard"}
+    assert set(checks) == answered
+    assert all(r.mode == "batch" and r.prompt_tokens > 0 for r in checks.values())
