@@ -56,10 +56,12 @@ class GuardUse:
 ADMISSION_WAIT_SECONDS = 30.0
 CHARS_PER_TOKEN = 4  # the admission's estimate of a text's tokens, before the engine counts
 # Pieces (each at most half the model's context in characters) sent in one /classify call
-# (fewer when the pool's replicas take fewer sequences at once: a piece is a sequence): a huge
+# (at most a quarter of a replica's slots: a piece is a sequence, and a call that needs a
+# whole replica would wait for every other tenant's to leave it): a huge
 # text goes as several calls, each admitted in its tenant's turn, so another tenant's call
 # waits behind one call's worth of it at most, never behind all of it.
 PIECES_PER_CALL = 16
+CALLS_AT_ONCE = 4  # a check's calls waiting or running at once
 
 
 # A guard replica that failed (unreachable) is not sent to again at once:
@@ -249,23 +251,24 @@ class Cascade:
                 owner.append(i)
                 if start + size >= len(text):
                     break
-        # The calls queue in the tenant's own queue of the pool's admission, all at once: a
-        # long text costs its own tenant turns, never another's.
-        per_call = max(1, min(PIECES_PER_CALL, pool.max_inflight))
+        # The calls queue in the tenant's own queue of the pool's admission, a few at once
+        # (CALLS_AT_ONCE): a long text costs its own tenant turns, never another's, and its
+        # calls do not flood the queue (a 256,000-character text is ~600 pieces).
+        per_call = max(1, min(PIECES_PER_CALL, pool.max_inflight // 4))
         starts = range(0, len(pieces), per_call)
-        calls = [
-            asyncio.ensure_future(
-                self._classify_admitted(
-                    pool_name, pool, model, pieces[first : first + per_call], asked, use
-                )
-            )
-            for first in starts
-        ]
+        room = asyncio.Semaphore(CALLS_AT_ONCE)
+
+        async def call(first: int) -> list[list[float]]:
+            async with room:
+                part = pieces[first : first + per_call]
+                return await self._classify_admitted(pool_name, pool, model, part, asked, use)
+
+        calls = [asyncio.ensure_future(call(first)) for first in starts]
         try:
             answers = await asyncio.gather(*calls)
         finally:  # one failed (the check has failed): the others are not waited for
-            for call in calls:
-                call.cancel()
+            for pending in calls:
+                pending.cancel()
             await asyncio.gather(*calls, return_exceptions=True)
         out: list[dict[str, float]] = [{} for _ in texts]
         for first, rows in zip(starts, answers, strict=True):

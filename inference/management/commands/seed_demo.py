@@ -129,6 +129,14 @@ class Command(BaseCommand):
                 )
             except ValidationError as exc:
                 raise CommandError(f"pool guard: {validation_message(exc)}") from None
+            if not Price.objects.filter(model=guard, tenant=None).exists():
+                # The guard's work is the tenant's too: a demo price for its prompt tokens.
+                price_set(
+                    model=guard,
+                    input_per_mtok=Decimal("0.02"),
+                    output_per_mtok=Decimal(0),
+                    actor=None,
+                )
         if not Price.objects.filter(model=model, tenant=None).exists():
             # A demo list price, so usage shows costs from the first request.
             price_set(
