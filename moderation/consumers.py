@@ -18,7 +18,6 @@ import msgspec
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from billing.pricing import cost_micros
 from contract import UsageRecord, price_in_force
 from inference.api import limits, metering, metrics
 from inference.api.auth import KeyInfo
@@ -26,6 +25,7 @@ from inference.api.catalog import catalog_view
 from inference.api.consumers import JSON, GatewayHttpConsumer
 from inference.api.errors import ApiError, invalid_request, model_not_found
 from inference.api.lua import Batch
+from inference.api.pipeline import price_of
 from moderation.cascade import Cascade, GuardUse
 from moderation.categories import CATEGORIES
 from moderation.gateway import MODEL_NAME, moderation_checked, policy_view
@@ -199,15 +199,4 @@ async def _guard_cost(key: KeyInfo, model_name: str, use: GuardUse) -> int:
     catalog = await catalog_view().for_tenant(key.tenant_id)
     model = catalog.models.get(model_name)
     rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=time.time()) if model else None
-    if rates is None:
-        return 0
-    return cost_micros(
-        input_per_mtok=rates.input_per_mtok,
-        cached_input_per_mtok=rates.cached_input_per_mtok,
-        output_per_mtok=rates.output_per_mtok,
-        batch_discount_percent=rates.batch_discount_percent,
-        batch=False,
-        prompt_tokens=use.tokens,
-        cached_tokens=0,
-        completion_tokens=0,
-    )
+    return price_of(rates, prompt_tokens=use.tokens, completion_tokens=0)

@@ -391,7 +391,7 @@ async def prepare(
         rid=rid,
         estimate=parsed.prompt_estimate + completion_estimate,
         sequences=parsed.sequences,
-        estimated_cost=_price(
+        estimated_cost=price_of(
             rates,
             prompt_tokens=parsed.prompt_estimate,
             completion_tokens=completion_estimate,
@@ -1071,7 +1071,7 @@ def _log_completion(record: UsageRecord) -> None:
     )
 
 
-def _price(
+def price_of(
     rates: PriceRow | None,
     *,
     prompt_tokens: int,
@@ -1096,7 +1096,7 @@ def _price(
 
 
 def _cost(call: Call) -> int:
-    return _price(
+    return price_of(
         call.rates,
         prompt_tokens=call.counts.prompt,
         completion_tokens=call.counts.completion,

@@ -279,6 +279,14 @@ def test_the_guards_work_is_metered_and_priced_on_the_guard_model(
     )
     assert (checked.model, checked.endpoint, checked.status) == ("tiny-guard", "moderations", "ok")
     assert checked.cost_micros == checked.prompt_tokens * 100
+    # What /v1/moderations spends counts toward the tenant's budget at once: its first call
+    # (within a budget of one micro-dollar) is answered, the next refused.
+    _, spender_key = guarded.tenant(monthly_spend_budget_micros=1)
+    spending = guarded.stack.openai(spender_key).with_options(max_retries=0)
+    spending.moderations.create(model="tiny-guard", input="a dog")
+    with pytest.raises(openai.RateLimitError) as refused:
+        spending.moderations.create(model="tiny-guard", input="a dog")
+    assert "spend" in refused.value.message.lower() or "budget" in refused.value.message.lower()
 
 
 def test_guard_calls_wait_their_tenants_turn_in_the_guard_pools_admission(
