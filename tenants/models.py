@@ -31,13 +31,16 @@ class Role(models.TextChoices):
     VIEWER = "viewer", "Viewer"
 
 
-def _limit(help_text: str, *, big: bool = False) -> models.Field[int | None, int | None]:
+def _limit(
+    help_text: str, *, big: bool = False, blank: str = "unlimited"
+) -> models.Field[int | None, int | None]:
+    """A limit or quota field: at least 1, bounded; blank (NULL) means ``blank``."""
     field_class = models.PositiveBigIntegerField if big else models.PositiveIntegerField
     return field_class(
         null=True,
         blank=True,
         validators=[MinValueValidator(1), MaxValueValidator(MAX_BUDGET if big else MAX_RATE)],
-        help_text=help_text + " Blank means unlimited.",
+        help_text=f"{help_text} Blank means {blank}.",
     )
 
 
@@ -50,13 +53,7 @@ def tighter(*limits: int | None) -> int | None:
 
 
 def _quota(help_text: str, *, big: bool = False) -> models.Field[int | None, int | None]:
-    field_class = models.PositiveBigIntegerField if big else models.PositiveIntegerField
-    return field_class(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(1), MaxValueValidator(MAX_BUDGET if big else MAX_RATE)],
-        help_text=help_text + " Blank means the platform's default.",
-    )
+    return _limit(help_text, big=big, blank="the platform's default")
 
 
 class LimitFields(models.Model):

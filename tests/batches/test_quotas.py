@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,31 @@ def tenant(people: TenantPeople) -> Tenant:
     return people.tenant
 
 
+def _twice_at_once(action: Callable[[], str]) -> list[str]:
+    """``action`` in two threads released together: what each returned, or the code of the
+    ApiError it raised, in the order they ended."""
+    from django.db import connection
+
+    outcomes: list[str] = []
+    start = threading.Barrier(2)
+
+    def run() -> None:
+        try:
+            start.wait()
+            outcomes.append(action())
+        except ApiError as error:
+            outcomes.append(str(error.code))
+        finally:
+            connection.close()  # the thread's own connection
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return outcomes
+
+
 # --- stored bytes ----------------------------------------------------------------------------
 
 
@@ -108,26 +134,7 @@ def test_two_uploads_at_once_cannot_both_take_the_last_of_the_quota(tenant: Tena
     """Each fits alone, not both: the check under the tenant's lock lets one through."""
     data = _jsonl(5000)  # ~740 KB: two make more than 1 MiB
     tenant_limits_update(tenant=tenant, actor=None, limits={"storage_mb": 1})
-    outcomes: list[str] = []
-    start = threading.Barrier(2)
-
-    def upload() -> None:
-        from django.db import connection
-
-        try:
-            start.wait()
-            _upload(tenant, data)
-            outcomes.append("stored")
-        except ApiError as error:
-            outcomes.append(str(error.code))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=upload) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    outcomes = _twice_at_once(lambda: _upload(tenant, data).purpose and "stored")
     assert sorted(outcomes) == ["storage_quota_exceeded", "stored"]
     assert len(_stored(tenant)) == 1 and File.objects.filter(tenant=tenant).count() == 1
 
@@ -188,26 +195,9 @@ def test_two_retries_of_one_batch_at_the_quotas_edge_both_get_the_batch(
     source = _upload(tenant, _jsonl(1))
     params = {"input_file_id": source.id, "endpoint": "/v1/chat/completions"}
     params["completion_window"] = "24h"
-    got: list[str] = []
-    start = threading.Barrier(2)
-
-    def create() -> None:
-        from django.db import connection
-
-        try:
-            start.wait()
-            batch, _ = batch_create(api_key=key, params=params, idempotency_key="job-1")
-            got.append(batch.pk)
-        except ApiError as error:
-            got.append(str(error.code))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=create) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    got = _twice_at_once(
+        lambda: batch_create(api_key=key, params=params, idempotency_key="job-1")[0].pk
+    )
     made = Batch.objects.get(tenant=tenant)
     assert got == [made.pk, made.pk]
 
