@@ -5,7 +5,9 @@ deployment's checks read text). ``model`` may name a guard model the tenant may 
 scores are then the guard's), or OpenAI's own names (``omni-moderation-latest``,
 ``text-moderation-latest``), which mean the tenant's policy; without a policy, the default
 one (the embedded classifier, every category at 0.8). Limited and metered as a request: the
-key's request rate and concurrency apply, and the ledger gets one record with no tokens.
+key's request rate and concurrency apply, and the ledger gets one record with the guard
+model's tokens, as its engines counted them (none for the rules or the embedded classifier),
+counted toward the key's token and spend budgets at the guard model's price.
 """
 
 from __future__ import annotations
@@ -18,17 +20,15 @@ import msgspec
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from contract import UsageRecord, price_in_force
+from contract import UsageRecord
 from inference.api import limits, metering, metrics
-from inference.api.auth import KeyInfo
 from inference.api.catalog import catalog_view
 from inference.api.consumers import JSON, GatewayHttpConsumer
 from inference.api.errors import ApiError, invalid_request, model_not_found
 from inference.api.lua import Batch
-from inference.api.pipeline import price_of
 from moderation.cascade import Cascade, GuardUse
 from moderation.categories import CATEGORIES
-from moderation.gateway import MODEL_NAME, moderation_checked, policy_view
+from moderation.gateway import MODEL_NAME, guard_cost, moderation_checked, policy_view
 from moderation.policy import CategoryRule, PolicySpec
 from moderation.services import DEFAULT_THRESHOLD
 
@@ -185,18 +185,7 @@ class ModerationsConsumer(GatewayHttpConsumer):
             )
             pipe = Batch()
             # The guard's tokens count toward the key's limits and budgets, at their price.
-            grant.release_into(pipe, use.tokens, await _guard_cost(key, record.model, use))
+            grant.release_into(pipe, use.tokens, await guard_cost(key, record.model, use.tokens))
             metering.spool_into(pipe, record)
             await pipe.execute()
         await self.send_response(200, orjson.dumps(answer), headers=[JSON, *grant.headers])
-
-
-async def _guard_cost(key: KeyInfo, model_name: str, use: GuardUse) -> int:
-    """What the guard's tokens cost at the catalog's price (the ledger prices the record
-    itself, with the same arithmetic): for the spend budgets."""
-    if not use.tokens:
-        return 0
-    catalog = await catalog_view().for_tenant(key.tenant_id)
-    model = catalog.models.get(model_name)
-    rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=time.time()) if model else None
-    return price_of(rates, prompt_tokens=use.tokens, completion_tokens=0)

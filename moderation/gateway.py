@@ -6,9 +6,10 @@ moderated the same way, and a tenant without a policy pays nothing.
 
 **Input.** Every text the engine reads (``engine_read``: messages with their names, tool
 calls and reasoning, the tools' definitions, prompts, ``suffix``) goes through the tenant's
-rules before the request is sent (``input_rules``: a prompt they block costs the engine
-nothing), then its models while the engine does its prefill (``check_input``); the first
-token is released only once both passed. Token-id prompts carry no text to read: the
+rules before the request waits for a replica (``input_rules``: a prompt they block is
+answered at once, however full the pool, and costs the engine nothing), then its models
+while the engine does its prefill (``check_input``); the first token is released only once
+both passed. Token-id prompts carry no text to read: the
 policy's fail-open/closed choice decides them.
 
 **Output.** Every text a choice shows the client (``visible_texts``: its answer, refusal,
@@ -35,10 +36,12 @@ import msgspec
 import orjson
 from redis.exceptions import RedisError
 
-from contract import UsageRecord
+from contract import UsageRecord, price_in_force
 from inference.api import metering, metrics
 from inference.api.auth import KeyInfo
+from inference.api.catalog import catalog_view
 from inference.api.db import run_db
+from inference.api.pipeline import price_of
 from inference.api.redis import redis_async
 from inference.api.schema import ParsedRequest
 from inference.api.seams import Chunk, GuardBuilder, InputCheck, Screened
@@ -409,7 +412,7 @@ class Guarded:
             return None
         return self.check_input
 
-    # before the request is sent (seams.RequestGuard.input_rules)
+    # before the request waits for admission (seams.RequestGuard.input_rules)
     async def input_rules(self, parsed: ParsedRequest, key: KeyInfo) -> str | None:
         """The rules (deny terms, regexes, PII to block), tens of microseconds: an input
         they block is never sent to the engine, so it costs nothing and the engine counts
@@ -605,19 +608,34 @@ class Guarded:
             task.cancel()
         self.checks = []
 
+    async def spent(self, *, mode: str) -> tuple[int, int]:
+        """The request has ended: checks still running are stopped (nothing is left for
+        them to hold back), and what the guard's engines counted for it is returned as
+        (tokens, their cost in micro-dollars), for the request's limits and budgets."""
+        pending = [task for task in self.checks if not task.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        tokens = self.use.tokens
+        if not tokens:
+            return 0, 0
+        try:
+            cost = await guard_cost(
+                self.key, self.cascade.guard_model, tokens, batch=mode == "batch"
+            )
+        except Exception:  # the catalog is unreadable: the ledger still prices the record
+            log.warning("could not price the guard's tokens of %s", self.rid, exc_info=True)
+            cost = 0
+        return tokens, cost
+
     async def settle(
         self, *, mode: str, ledger: Callable[[UsageRecord], None] | None = None
     ) -> None:
         """The guard model's work for this request, as its engines counted it, is a record
         of its own on the guard model (priced by the price book, on the invoice): the tenant
-        whose text was checked pays for the checking, as for the answer. Checks still
-        running are stopped first (the answer is over: nothing is left for them to hold
-        back). ``ledger``: where the request's own record went (a batch line's goes with
+        whose text was checked pays for the checking, as for the answer (``spent`` ran
+        first). ``ledger``: where the request's own record went (a batch line's goes with
         its line, billed once the line is stored), else the spool."""
-        pending = [task for task in self.checks if not task.done()]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
         if not self.use.tokens:
             return
         record = guard_record(
@@ -662,6 +680,17 @@ async def guard_source(key: KeyInfo) -> GuardBuilder | None:
         return Guarded(cascade, key=key, rid=rid, parsed=parsed, tokens=tokens)
 
     return build
+
+
+async def guard_cost(key: KeyInfo, model_name: str, tokens: int, *, batch: bool = False) -> int:
+    """What a guard model's tokens cost at the catalog's price (the ledger prices the record
+    itself, with the same arithmetic): for the key's spend budgets."""
+    if not tokens:
+        return 0
+    catalog = await catalog_view().for_tenant(key.tenant_id)
+    model = catalog.models.get(model_name)
+    rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=time.time()) if model else None
+    return price_of(rates, prompt_tokens=tokens, completion_tokens=0, batch=batch)
 
 
 def guard_record(

@@ -7,8 +7,9 @@ batch leg, a Celery worker): one object that owns it from the checked key to the
         async for batch in life:          # the engine's chunks, in OpenAI's shape
             ...                           # the transport writes them
 
-``begin`` validates, resolves the model, takes the limits and waits for admission
-(``pipeline.prepare``; an ``ApiError`` there leaves nothing held). Leaving the ``async with``,
+``begin`` validates, resolves the model, takes the limits, runs the guard's rules (an input
+they refuse waits for no replica) and waits for admission (``pipeline.prepare``; an
+``ApiError`` there leaves nothing held). Leaving the ``async with``,
 however it is left — the answer complete, an error, the client gone (``ClientGone``) or the
 task cancelled — closes the engine's stream (draining it first when the client left or a
 filter stopped it, so the tokens made are counted), meters the call and frees its slot and
@@ -36,7 +37,8 @@ from contract import UsageRecord
 from inference.api import responses
 from inference.api.auth import KeyInfo
 from inference.api.errors import ApiError, overloaded
-from inference.api.pipeline import Call, MidStreamError, Relay, State, finish, prepare
+from inference.api.pipeline import Call, MidStreamError, Relay, Screen, State, finish, prepare
+from inference.api.schema import ParsedRequest
 from inference.api.seams import (
     InputCheck,
     OutputFilter,
@@ -59,9 +61,10 @@ class Lifecycle:
         *,
         output_filter: OutputFilter | None = None,
         input_check: InputCheck | None = None,
+        tokens: dict[int, int] | None = None,
     ) -> None:
         self.call = call
-        self.relay = Relay(call)
+        self.relay = Relay(call, tokens)
         self.output_filter = output_filter
         self.input_check = input_check
         self.guard: RequestGuard | None = None  # the tenant's moderation, when it has one
@@ -92,6 +95,23 @@ class Lifecycle:
         build = None
         if output_filter is None and input_check is None:
             build = await guard_for(key)
+        guards: list[RequestGuard] = []  # the request's guard, once its id is known
+        refused: list[str] = []
+        tokens: dict[int, int] = {}  # the engine's completion tokens by choice (the relay's)
+        screen: Screen | None = None
+        if build is not None:
+            made = build
+
+            async def screen_rules(rid: str, parsed: ParsedRequest) -> str | None:
+                """The guard's cheap checks, before admission: an input they refuse waits
+                for no replica and is never sent (the engine does nothing: nothing billed)."""
+                guards.append(made(rid, parsed, tokens))
+                refusal = await guards[0].input_rules(parsed, key)
+                if refusal is not None:
+                    refused.append(refusal)
+                return refusal
+
+            screen = screen_rules
         call = await prepare(
             key=key,
             raw_body=raw_body,
@@ -103,34 +123,30 @@ class Lifecycle:
             # says how much that was.
             whole=whole and build is None,
             rid=rid,
+            screen=screen,
         )
-        life = cls(call, output_filter=output_filter, input_check=input_check)
-        if build is not None:
-            try:
-                guard = build(call.rid, call.parsed, life.relay.completion_by_choice)
-                call.body = guard.rewrite(call.body)
-            except BaseException as exc:
-                # The call holds its admission and leases already: released (and metered)
-                # as a caller's ``async with`` would have.
-                await life.__aexit__(type(exc), exc, exc.__traceback__)
-                raise
-            life.output_filter, life.guard = guard, guard
+        life = cls(call, output_filter=output_filter, input_check=input_check, tokens=tokens)
+        if not guards:
+            return life
+        guard = life.guard = guards[0]
+        try:
+            if refused:  # the rules refused it (``screen``): it holds no slot
+                raise input_refused(refused[0])
+            call.body = guard.rewrite(call.body)
+            life.output_filter, life.input_check = guard, guard.input_check
+        except BaseException as exc:
+            # The call holds its limits (and admission) already: released (and metered) as
+            # a caller's ``async with`` would have.
+            await life.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
         return life
 
     async def start(self) -> None:
         """Send the request (``Relay.start``) and, with an input check, run it meanwhile:
         this returns once both are through, so nothing reaches the client unchecked (a
-        guard's cheap checks run before the request is sent). A refusal raises the 400 the
-        client gets (``seams.input_refused``)."""
+        guard's cheap checks ran before admission, in ``begin``). A refusal raises the 400
+        the client gets (``seams.input_refused``)."""
         call = self.call
-        if self.guard is not None:
-            # The guard's cheap checks first: an input they refuse is never sent (the engine
-            # does nothing for it, so nothing is billed); then its check beside the prefill.
-            refused = await self.guard.input_rules(call.parsed, call.key)
-            if refused is not None:
-                call.fail(refused, outcome=State.FILTERED)
-                raise input_refused(refused)
-            self.input_check = self.guard.input_check
         check = self.input_check
         if check is None:
             await self.relay.start()
@@ -255,18 +271,23 @@ class Lifecycle:
         await asyncio.shield(self._settle(cancelled=gone))
 
     async def _settle(self, *, cancelled: bool) -> None:
+        call, guard = self.call, self.guard
         try:
-            if cancelled or self.call.state is State.FILTERED:
+            if cancelled or call.state is State.FILTERED:
                 await self.relay.drain()
         finally:  # whatever the drain met, the call is metered and what it holds released
             try:
                 await self.relay.close()
             finally:
                 try:
-                    await finish(self.call, cancelled=cancelled)
+                    if guard is not None:  # its checks' tokens count toward the limits too
+                        call.beside = await guard.spent(mode=call.mode)
                 finally:
-                    if self.guard is not None:
-                        await self.guard.settle(mode=self.call.mode, ledger=self.call.ledger)
+                    try:
+                        await finish(call, cancelled=cancelled)
+                    finally:
+                        if guard is not None:
+                            await guard.settle(mode=call.mode, ledger=call.ledger)
 
 
 def _note_finished(chunks: list[dict[str, Any]], finished: set[int]) -> None:

@@ -15,7 +15,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -79,6 +79,11 @@ ABORTED_IDLE_SECONDS = 1.0
 ABORTED_CAP_SECONDS = 5.0
 ABORT_ASK_SECONDS = 1.0
 WATCH_SECONDS = 1.0  # how often a wait for a whole answer looks at its replica's health
+
+
+# What runs before admission (``prepare``): (the request's id, the request as validated) ->
+# None to let it queue for a replica, or the refusal the client gets.
+Screen = Callable[[str, ParsedRequest], Awaitable[str | None]]
 
 
 class MidStreamError(Exception):
@@ -222,6 +227,9 @@ class Call:
     # The routed name asked for, when a route (a canary) picked this call's target.
     routed_name: str = ""
     queue_wait: float = 0.0  # seconds it waited for admission
+    # Work done for the call beside its engine (its guard's checks), as (tokens, their cost):
+    # counted toward its limits and budgets when it is settled; billed on records of its own.
+    beside: tuple[int, int] = (0, 0)
 
     def _move(self, to: State) -> None:
         if to not in _NEXT[self.state]:
@@ -347,10 +355,16 @@ async def prepare(
     ledger: Callable[[UsageRecord], None] | None = None,
     whole: bool = False,
     rid: str = "",
+    screen: Screen | None = None,
 ) -> Call:
     """Everything before the engine, for a request whose key was authenticated; on the
     model's online pool, or on ``pool`` (by name) when given. ``mode``, ``ledger`` and
-    ``whole``: see ``Call``; ``rid``: the request's id, if the transport made it already."""
+    ``whole``: see ``Call``; ``rid``: the request's id, if the transport made it already.
+
+    ``screen`` runs once the limits are taken (a refused request still counts toward the
+    key's request rate) and before admission: what it refuses never waits for a replica.
+    The call it refused comes back ``FILTERED``, holding no slot, its refusal as its error
+    (the caller settles it: a ledger record with no tokens)."""
     t0 = time.perf_counter()
     started_at = datetime.now(UTC)
     parsed = parse_request(raw_body, endpoint)
@@ -399,22 +413,30 @@ async def prepare(
         ),
     )
     queued_at = time.perf_counter()
+    refusal: str | None = None
     try:
-        replica = await _admit(
-            view,
-            pool_name,
-            pool_info,
-            rid,
-            key,
-            parsed,
-            grant,
-            adapter,
-            salted_prefix(salt, parsed.prefix_hash),
+        if screen is not None:
+            refusal = await screen(rid, parsed)
+        replica = (
+            ""  # refused: never admitted, never sent
+            if refusal is not None
+            else await _admit(
+                view,
+                pool_name,
+                pool_info,
+                rid,
+                key,
+                parsed,
+                grant,
+                adapter,
+                salted_prefix(salt, parsed.prefix_hash),
+            )
         )
     except BaseException:
         await asyncio.shield(_release_quietly(grant))
         raise
-    if replica not in pool_info.replicas:  # a replica newer than our copy of the catalog
+    # A replica newer than our copy of the catalog.
+    if replica and replica not in pool_info.replicas:
         try:
             await view.refresh()
         except BaseException:  # the slot is ours already: give it back with the limits
@@ -445,6 +467,9 @@ async def prepare(
         ledger=ledger,
         whole=whole,
     )
+    if refusal is not None:
+        call.fail(refusal, outcome=State.FILTERED)
+        return call
     metrics.queue_waited(call, time.perf_counter() - queued_at)
     return call
 
@@ -519,7 +544,9 @@ class Relay:
     """The engine's answer to one call, as batches of OpenAI-shaped chunks (a batch is what
     one read from the engine delivered: sending it as one write saves a syscall per chunk)."""
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, tokens: dict[int, int] | None = None) -> None:
+        """``tokens``: where the completion tokens by choice go (``completion_by_choice``),
+        when something made before the relay reads them (a guard)."""
         self.call = call
         self.response: aiohttp.ClientResponse | None = None
         self.batches: AsyncIterator[list[bytes]] | None = None
@@ -527,7 +554,7 @@ class Relay:
         self.read_to_end = False  # the engine's stream was read to its end ([DONE])
         self.last_progress = 0.0
         self.failures = 0
-        self.completion_by_choice: dict[int, int] = {}
+        self.completion_by_choice: dict[int, int] = {} if tokens is None else tokens
         self.prompt_by_prompt: dict[int, int] = {}
         self.answer: dict[str, Any] | None = None  # a whole answer (``Call.whole``)
 
@@ -1030,7 +1057,7 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
                 call.adapter.engine_name,
                 call.rid,
             )
-        call.grant.release_into(pipe, tokens, cost)
+        call.grant.release_into(pipe, tokens + call.beside[0], cost + call.beside[1])
         if call.ledger is None:
             metering.spool_into(pipe, record)
             metrics.spark_into(pipe, call, time.time())

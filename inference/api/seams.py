@@ -62,11 +62,12 @@ InputCheck = Callable[[ParsedRequest, KeyInfo], Awaitable[str | None]]
 
 
 class RequestGuard(OutputFilter, Protocol):
-    """One request's guard: what it checks of the input before the request is sent (cheap
+    """One request's guard: what it checks of the input before it waits for admission (cheap
     checks: a refusal then costs the engine nothing), its input check beside the prefill
     (None: nothing more to check; read once ``input_rules`` passed), its output filter,
     what it makes of the engine's request body before it is sent (masking, say), and what
-    it does once the request has ended (``settle``: its own usage, to the ledger)."""
+    it does once the request has ended (``spent``: what its checks used, counted toward the
+    request's limits; ``settle``: its own usage record, to the ledger)."""
 
     async def input_rules(self, parsed: ParsedRequest, key: KeyInfo) -> str | None: ...
 
@@ -74,6 +75,11 @@ class RequestGuard(OutputFilter, Protocol):
     def input_check(self) -> InputCheck | None: ...
 
     def rewrite(self, upstream: bytes) -> bytes: ...
+
+    async def spent(self, *, mode: str) -> tuple[int, int]:
+        """The request has ended: its checks are stopped; what they used, as (tokens, their
+        cost in micro-dollars), counted toward the request's limits and budgets."""
+        ...
 
     async def settle(
         self, *, mode: str, ledger: Callable[[UsageRecord], None] | None = None

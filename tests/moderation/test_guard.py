@@ -289,6 +289,32 @@ def test_the_guards_work_is_metered_and_priced_on_the_guard_model(
     assert "spend" in refused.value.message.lower() or "budget" in refused.value.message.lower()
 
 
+def test_a_moderated_requests_guard_tokens_count_toward_its_budgets(guarded: World) -> None:
+    """The guard's tokens for a chat request count toward the key's spend (and tokens) at
+    the guard model's price, as the answer's own do: with the chat model free and a budget
+    of one micro-dollar, the first moderated request is answered and the next refused
+    (before, only the ledger saw them: the budget never moved)."""
+    price_set(
+        model=Model.objects.get(name="tiny-guard"),
+        input_per_mtok=Decimal(100),
+        output_per_mtok=Decimal(0),
+        actor=None,
+    )
+    tenant, key = guarded.tenant(monthly_spend_budget_micros=1)
+    _policy(tenant, check_output=False)
+    answered = _chat(guarded, key, "Tell me about a dog in the woods.")
+    assert answered.status_code == 200, answered.text
+    rid = answered.headers["x-request-id"]
+    [own] = wait_for(lambda: guarded.records(tenant=tenant, request_id=rid))
+    assert not own.cost_micros  # the chat model is unpriced here: only the guard costs
+    checked = wait_for(lambda: guarded.records(tenant=tenant, request_id=f"{rid}:guard"))[0]
+    assert checked.cost_micros == checked.prompt_tokens * 100 > 0
+    refused = _chat(guarded, key, "Tell me about a dog in the woods.")
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "insufficient_quota"
+    assert "spend" in refused.json()["error"]["message"]
+
+
 def test_guard_calls_wait_their_tenants_turn_in_the_guard_pools_admission(
     guarded: World, guard_engine: Engine
 ) -> None:

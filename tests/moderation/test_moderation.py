@@ -8,6 +8,9 @@ change applies within two seconds; a guard that fails follows fail-open or fail-
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +20,10 @@ import openai
 import pytest
 
 from billing.models import UsageRecord
+from controlplane.redis import redis_sync
 from devkit.tiny_model import CYCLE, RUNNER_UP, word_at
 from devkit.tiny_model import answer as scripted
+from inference.catalog import pool_prefix
 from inference.models import Model, Replica
 from inference.services import model_ensure, pool_ensure, replica_probe
 from moderation.categories import CATEGORIES
@@ -35,7 +40,7 @@ from tests.batches.test_batches import _upload as batch_upload
 from tests.batches.test_batches import spot  # noqa: F401  (fixture)
 from tests.inference.test_websocket import _until_end, _ws
 from tests.live import settled_counters, wait_for
-from tests.serving import World
+from tests.serving import World, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -336,6 +341,58 @@ def test_a_banned_word_in_the_prompt_is_never_sent_to_the_engine(
         assert after[counter] == before[counter], counter  # the ledger equals the engine
     event = _events(tenant)[0]
     assert (event.where, event.action) == ("input", "block")
+
+
+def test_a_banned_prompt_is_refused_at_once_in_a_full_pool(world: World, banned: Banned) -> None:
+    """The rules run before admission: with the pool full (one slot, held by another
+    tenant's answer that its stopped engine does not finish), a prompt they block is refused
+    without waiting for the slot, and takes none (before, it queued behind the other tenant
+    and got its 400 only once the slot came free)."""
+    _ban(world, banned.tenant, banned.key, banned.term)
+    holder, holder_key = world.tenant()
+    world_rows(world.engines, max_inflight=1, max_queue_wait_seconds=60)
+    engine = world.engines[0]
+    redis = redis_sync()
+    active = pool_prefix("online") + "active"
+    streaming, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        body = _body(max_tokens=LONG, stream=True)
+        headers = {"authorization": f"Bearer {holder_key}"}
+        with httpx.stream(
+            "POST", f"{world.stack.url}/v1/chat/completions", json=body, headers=headers,
+            timeout=120,
+        ) as response:  # fmt: skip
+            next(response.iter_lines())
+            streaming.set()
+            done.wait(timeout=120)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert streaming.wait(timeout=60)
+        os.killpg(engine.process.pid, signal.SIGSTOP)
+        assert redis.hget(active, str(holder.pk)) == b"1"  # the pool's one slot is the holder's
+        prompt = [{"role": "user", "content": f"Please write about {banned.term}."}]
+        response = httpx.post(
+            f"{world.stack.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {banned.key}"},
+            json=_body(messages=prompt, max_tokens=8),
+            timeout=30,
+        )
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "content_policy_violation"
+        # Answered while the holder still held the slot, and without taking one.
+        assert redis.hget(active, str(holder.pk)) == b"1"
+        assert redis.hget(active, str(banned.tenant.pk)) in (None, b"0")
+    finally:
+        os.killpg(engine.process.pid, signal.SIGCONT)
+        done.set()
+        thread.join(timeout=60)
+        world_rows(world.engines, max_inflight=8, max_queue_wait_seconds=30)
+    record = _record(world, banned.tenant)[-1]
+    assert record.status == "content_filter" and record.replica == ""
+    assert (record.prompt_tokens, record.completion_tokens) == (0, 0)
 
 
 def test_flag_and_log_record_events_and_leave_the_answer_alone(
