@@ -94,7 +94,8 @@ class Batch(models.Model):
     cancelling_at = models.DateTimeField(null=True, blank=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
     # Internal leases, each held by one worker at a time: validating the file, running lines
-    # (a chain of run tasks), writing the files (its stamp: whoever set it last writes).
+    # (a turn: set to the turn's end when it ends), writing the files (its stamp: whoever
+    # set it last writes). The first two also say when its tenant last had a turn.
     validating_until = models.DateTimeField(null=True, blank=True)
     running_until = models.DateTimeField(null=True, blank=True)
     ending_at = models.DateTimeField(null=True, blank=True)
@@ -109,6 +110,9 @@ class Batch(models.Model):
         indexes = [
             models.Index(fields=["tenant", "created_at"], name="batch_tenant_created"),
             models.Index(fields=["status"], name="batch_status"),
+            # Whose turn it is (batches.turns): each tenant's latest validation and run.
+            models.Index(fields=["tenant", "validating_until"], name="batch_tenant_validated"),
+            models.Index(fields=["tenant", "running_until"], name="batch_tenant_ran"),
         ]
         constraints = [
             models.UniqueConstraint(

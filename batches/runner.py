@@ -28,7 +28,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -88,20 +88,35 @@ def _event_loop() -> asyncio.AbstractEventLoop:
     return _loop
 
 
-def batch_run(*, batch_id: str, seconds: float | None = None) -> str:
-    """Run the batch's lines for up to ``seconds``; then "finished", "more" (lines left:
-    the caller queues another run) or "idle" (nothing to run here now)."""
-    plan = _plan(batch_id)
-    if plan is None:
-        return "idle"
+def run_hold_until(seconds: float | None = None) -> tuple[float, datetime]:
+    """A run's time (``seconds``, else ``INFERPLANE_BATCH_RUN_SECONDS``) and until when it
+    holds its batch (the sweeper and other turns leave it alone until then)."""
     budget = seconds if seconds is not None else settings.INFERPLANE_BATCH_RUN_SECONDS
-    # This run chain holds the batch: the sweeper leaves it alone until the time is up.
-    Batch.objects.filter(pk=batch_id).update(
-        running_until=timezone.now()
-        + timedelta(seconds=budget + settings.INFERPLANE_BATCH_RUN_GRACE_SECONDS)
-    )
-    token = uuid.uuid4().hex
-    _event_loop().run_until_complete(_drive(plan, token, time.monotonic() + budget))
+    grace = settings.INFERPLANE_BATCH_RUN_GRACE_SECONDS
+    return budget, timezone.now() + timedelta(seconds=budget + grace)
+
+
+def batch_run(
+    *, batch_id: str, seconds: float | None = None, held_until: datetime | None = None
+) -> str:
+    """Run the batch's lines for up to ``seconds``; then "finished", "more" (lines left:
+    the caller queues another run) or "idle" (nothing to run here now). ``held_until``:
+    the hold the caller took on the batch already (``batches.turns``), else this run takes
+    one. Either way the hold is given back when the run ends: its end is the time of the
+    tenant's latest turn."""
+    plan = _plan(batch_id)
+    budget, until = run_hold_until(seconds)
+    if held_until is not None:
+        until = held_until
+    elif plan is not None:
+        Batch.objects.filter(pk=batch_id).update(running_until=until)
+    try:
+        if plan is None:
+            return "idle"
+        token = uuid.uuid4().hex
+        _event_loop().run_until_complete(_drive(plan, token, time.monotonic() + budget))
+    finally:
+        Batch.objects.filter(pk=batch_id, running_until=until).update(running_until=timezone.now())
     from batches.services import batch_finish_if_done
 
     if batch_finish_if_done(batch_id=batch_id):

@@ -335,10 +335,9 @@ def _check_line(
     return custom_id, body
 
 
-def batch_validate(*, batch_id: str) -> Batch:
-    """Read the input file once, line by line: a file with any bad line fails the batch with
-    each problem and its line number; a good one becomes lines to run. One validator at a
-    time (a lease on the batch: a redelivered or swept task finds it held and leaves)."""
+def validation_take(batch_id: str) -> datetime | None:
+    """Hold the batch's validation (a lease on the batch): the lease, or None when it is
+    not validating or another validator holds it."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.INFERPLANE_BATCH_LEASE_SECONDS)
     held = (
@@ -346,8 +345,17 @@ def batch_validate(*, batch_id: str) -> Batch:
         .filter(Q(validating_until__isnull=True) | Q(validating_until__lt=now))
         .update(validating_until=lease)
     )
+    return lease if held else None
+
+
+def batch_validate(*, batch_id: str, lease: datetime | None = None) -> Batch:
+    """Read the input file once, line by line: a file with any bad line fails the batch with
+    each problem and its line number; a good one becomes lines to run. One validator at a
+    time (a lease on the batch: a redelivered or swept task finds it held and leaves);
+    ``lease``: the one ``validation_take`` gave this caller already."""
+    lease = lease or validation_take(batch_id)
     batch = Batch.objects.select_related("tenant").get(pk=batch_id)
-    if not held:
+    if lease is None:
         return batch
     errors = _Errors()
     source = File.objects.filter(tenant=batch.tenant, pk=batch.input_file_id).first()
@@ -720,14 +728,10 @@ def batches_purge() -> int:
     return purged
 
 
-def batches_stuck() -> list[str]:
-    """Batches with work nobody is doing. Running ones (no run chain holds them): lines
-    ready to run and none on a live lease, lines whose lease ran out (their worker died), or
-    nothing left to run and no ending begun (the last worker died before finalizing).
-    Validating ones whose validator's lease ran out (or that never got one). Ending ones
-    whose writer's stamp is old. The sweeper wakes a worker for each."""
-    now = timezone.now()
-    stale = now - timedelta(seconds=settings.INFERPLANE_BATCH_LEASE_SECONDS)
+def batches_runnable(now: datetime) -> QuerySet[Batch]:
+    """Running batches with work nobody is doing (no run holds them): lines ready to run
+    and none on a live lease, lines whose lease ran out (their worker died), or nothing left
+    to run and no ending begun (the last worker died before finalizing)."""
     lines = Line.objects.filter(batch=OuterRef("pk"))
     ready = lines.filter(state=Line.State.PENDING).filter(
         Q(lease_until__isnull=True) | Q(lease_until__lt=now)
@@ -735,7 +739,7 @@ def batches_stuck() -> list[str]:
     live = lines.filter(state=Line.State.RUNNING, lease_until__gte=now)
     dead = lines.filter(state=Line.State.RUNNING, lease_until__lt=now)
     unfinished = lines.filter(state__in=(Line.State.PENDING, Line.State.RUNNING))
-    running = (
+    return (
         Batch.objects.filter(
             status__in=(Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING),
             ending_at__isnull=True,
@@ -747,6 +751,15 @@ def batches_stuck() -> list[str]:
             | (~Exists(unfinished) & Q(in_progress_at__isnull=False))
         )
     )
+
+
+def batches_stuck() -> list[str]:
+    """Batches with work nobody is doing: running ones (``batches_runnable``), validating
+    ones whose validator's lease ran out (or that never got one), ending ones whose writer's
+    stamp is old. The sweeper wakes a worker for each."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.INFERPLANE_BATCH_LEASE_SECONDS)
+    running = batches_runnable(now)
     validating = Batch.objects.filter(
         status__in=(Batch.Status.VALIDATING, Batch.Status.CANCELLING), in_progress_at__isnull=True
     ).filter(

@@ -1,7 +1,8 @@
 """Thin tasks. Batch work (validation, runs, files) is on the ``batch`` queue, its own worker:
 it never delays probes, metering or rollups. A message only wakes a worker: what to do is
 read from Postgres, so a message delivered twice, or lost with its worker, changes nothing
-(the sweeper, on the default queue, wakes work nobody is doing)."""
+(the sweeper, on the default queue, wakes work nobody is doing). A validation or run goes to
+the tenant whose turn it is, whichever batch's message woke the worker (``batches.turns``)."""
 
 from __future__ import annotations
 
@@ -10,25 +11,29 @@ from celery import shared_task
 from batches.files import files_expired_delete
 from batches.gauges import batch_gauges_store
 from batches.models import Batch
-from batches.runner import batch_run
 from batches.services import (
     batch_finalize,
-    batch_validate,
     batches_expire,
     batches_purge,
     batches_stuck,
 )
+from batches.turns import run_turn, validation_turn
 
 
 @shared_task(ignore_result=True)
 def batch_validate_task(batch_id: str) -> None:
-    batch_validate(batch_id=batch_id)
+    """``batch_id`` asked for a validation; the turn goes to the tenant whose turn it is
+    (``batches.turns``)."""
+    validation_turn()
 
 
 @shared_task(ignore_result=True)
 def batch_run_task(batch_id: str) -> None:
-    if batch_run(batch_id=batch_id) == "more":
-        batch_run_task.apply_async((batch_id,), countdown=1)
+    """``batch_id`` asked for a run; the turn goes to the tenant whose turn it is, and a run
+    that leaves lines asks for another."""
+    ran, outcome = run_turn()
+    if ran is not None and outcome == "more":
+        batch_run_task.apply_async((ran,), countdown=1)
 
 
 @shared_task(ignore_result=True)

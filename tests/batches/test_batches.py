@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -327,6 +328,39 @@ def test_a_line_run_twice_is_stored_and_billed_once(spot: World) -> None:
     output = _content(client, batch.output_file_id)
     assert sorted(o["custom_id"] for o in output) == [f"d{i}" for i in range(8)]
     assert UsageRecord.objects.filter(tenant=tenant).count() == 8
+
+
+def test_batch_work_takes_turns_between_tenants(spot: World) -> None:
+    """Validations and runs go to the tenant whose turn it is, not to the batches in the
+    order they came: six batches of one tenant queued before another tenant's one, the
+    other's is validated and answered before the first tenant's fourth (before, it waited
+    behind all six). The worker is stopped while they are created, so that all seven are
+    queued when it comes back."""
+    _, busy_key = spot.tenant()
+    _, quiet_key = spot.tenant()
+    busy_client, quiet_client = _client(spot, busy_key), _client(spot, quiet_key)
+    busy_file = _upload(busy_client, [_line("b", max_tokens=2)])
+    quiet_file = _upload(quiet_client, [_line("q", max_tokens=2)])
+    worker = spot.stack.processes["worker"]
+    os.killpg(worker.pid, signal.SIGSTOP)
+    try:
+        busy_ids = [_create(busy_client, busy_file).id for _ in range(6)]
+        quiet_id = _create(quiet_client, quiet_file).id
+    finally:
+        os.killpg(worker.pid, signal.SIGCONT)
+    for client, batch_id in [*((busy_client, i) for i in busy_ids), (quiet_client, quiet_id)]:
+        assert _until(client, batch_id, _finished).status == "completed"
+
+    def validated(batch_id: str) -> Any:
+        return Batch.objects.get(pk=batch_id).in_progress_at
+
+    def answered(batch_id: str) -> Any:
+        line = Line.objects.get(batch_id=batch_id)
+        return UsageRecord.objects.get(request_id=line.request_id).started_at
+
+    for when in (validated, answered):
+        busy_order = sorted(when(i) for i in busy_ids)
+        assert when(quiet_id) < busy_order[3], when.__name__
 
 
 def test_parameter_errors_are_a_400_and_other_tenants_objects_a_404(spot: World) -> None:

@@ -569,6 +569,7 @@ def test_the_batches_page_shows_progress_and_a_cancel_lands(
         endpoint="/v1/chat/completions",
         model="tiny-chat",
         status=Batch.Status.IN_PROGRESS,
+        in_progress_at=datetime.now(UTC),  # validated
         expires_at=datetime.now(UTC) + timedelta(hours=24),
     )
     states = ["done", "done", "done", "pending", "pending"]
