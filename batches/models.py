@@ -142,6 +142,7 @@ class Line(models.Model):
     number = models.IntegerField()  # 1-based line of the input file
     custom_id = models.CharField(max_length=512)
     body = models.JSONField()
+    size = models.IntegerField(default=0)  # the line's bytes in its file (bounds what runs)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     owner = models.CharField(max_length=64, blank=True)  # the claim token while running
     lease_until = models.DateTimeField(null=True, blank=True)

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import orjson
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -62,9 +62,10 @@ CANCELLED = error_body("batch_cancelled")
 @dataclass(frozen=True, slots=True)
 class Claimed:
     pk: int
-    body: dict[str, Any]
+    body: bytes  # the request, as JSON: parsed only when it runs
     attempts: int
     failures: int = 0  # passing failures after it reached an engine, before this claim
+    size: int = 0  # its bytes in the input file (what it counts toward the in-flight bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,27 +141,42 @@ def _plan(batch_id: str) -> Plan | None:
     )
 
 
-def _claim(batch_id: str, token: str, n: int) -> list[Claimed]:
+def _claim(batch_id: str, token: str, n: int, room: int | None = None) -> list[Claimed]:
+    """Up to ``n`` lines ready to run, their sizes within ``room`` bytes (the first one
+    whatever its size), claimed for ``token``; their bodies as JSON text (a body parsed
+    grows up to ~25 times: it is parsed only when it runs)."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.INFERPLANE_BATCH_LEASE_SECONDS)
     ready = Q(state=Line.State.PENDING) & (Q(lease_until__isnull=True) | Q(lease_until__lt=now))
     abandoned = Q(state=Line.State.RUNNING, lease_until__lt=now)
     with transaction.atomic():
-        ids = list(
+        found = list(
             Line.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(
                 Q(batch_id=batch_id, batch__status=Batch.Status.IN_PROGRESS) & (ready | abandoned)
             )
             .order_by("number")
-            .values_list("pk", flat=True)[:n]
+            .values_list("pk", "size")[:n]
         )
+        ids: list[int] = []
+        taken = 0
+        for pk, size in found:
+            if ids and room is not None and taken + size > room:
+                break
+            ids.append(pk)
+            taken += size
         if not ids:
             return []
         Line.objects.filter(pk__in=ids).update(
             state=Line.State.RUNNING, owner=token, lease_until=lease, attempts=F("attempts") + 1
         )
-        rows = Line.objects.filter(pk__in=ids).values_list("pk", "body", "attempts", "failures")
-        return [Claimed(*row) for row in rows]
+        rows = Line.objects.filter(pk__in=ids).values_list(
+            "pk", Cast("body", TextField()), "attempts", "failures", "size"
+        )
+        return [
+            Claimed(pk, body.encode(), attempts, failures, size)
+            for pk, body, attempts, failures, size in rows
+        ]
 
 
 def _renew(token: str, pks: list[int]) -> None:
@@ -293,7 +309,7 @@ async def _run_line(plan: Plan, line: Claimed, begun: set[int]) -> Answer:
     else:
         status, body = await run_whole(
             key=plan.key,
-            raw_body=orjson.dumps(line.body),
+            raw_body=line.body,
             endpoint=plan.endpoint,
             pool=plan.pool,
             mode="batch",
@@ -323,7 +339,9 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
         # More would only be refused (429) and come back later: stay inside the limit.
         width = min(width, plan.key.limit("max_concurrency"))
     chunk = max(1, width // 8)
+    room = settings.INFERPLANE_BATCH_INFLIGHT_BYTES
     running: dict[asyncio.Task[Answer], int] = {}
+    sizes: dict[int, int] = {}  # the bytes of each line running
     answered: list[Answer] = []
     begun: set[int] = set()  # lines past admission: on an engine, they finish
     renew_every = settings.INFERPLANE_BATCH_LEASE_SECONDS / 3
@@ -342,12 +360,17 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
                         task.cancel()
         # Claim in chunks (an eighth of the width at least): one transaction per line
         # finished would cost more than the lines' own bookkeeping.
-        free = width - len(running)
-        if not exhausted and time.monotonic() < deadline and (free >= chunk or not running):
-            claimed = await run_db(_claim, plan.batch_id, token, free)
+        free, left = width - len(running), room - sum(sizes.values())
+        if (
+            not exhausted
+            and time.monotonic() < deadline
+            and (not running or (free >= chunk and left > 0))
+        ):
+            claimed = await run_db(_claim, plan.batch_id, token, free, left)
             exhausted = not claimed
             for line in claimed:
                 running[asyncio.ensure_future(_run_line(plan, line, begun))] = line.pk
+                sizes[line.pk] = line.size
         if answered and (
             not running
             or len(answered) >= FLUSH_EVERY
@@ -362,14 +385,15 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
         )
         for task in done:
             pk = running.pop(task)
+            sizes.pop(pk, None)
             if task.cancelled():  # the batch stopped before the line began (see above)
-                line = Claimed(pk, {}, 0)
+                line = Claimed(pk, b"", 0)
                 answered.append(Answer(line, 0, {}, None))
             elif task.exception() is not None:  # a bug of ours: the line goes back, paused
                 log.error(
                     "batch %s: a line failed to run", plan.batch_id, exc_info=task.exception()
                 )
-                answered.append(Answer(Claimed(pk, {}, 1), 500, {}, None))  # failures unknown
+                answered.append(Answer(Claimed(pk, b"", 1), 500, {}, None))  # failures unknown
             else:
                 answered.append(task.result())
         if time.monotonic() - renewed > renew_every and (running or answered):

@@ -17,7 +17,8 @@ import orjson
 from django.conf import settings
 from django.core.files.storage import default_storage
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from batches import quotas
@@ -33,7 +34,8 @@ ENDPOINTS = {"/v1/chat/completions": "chat.completions", "/v1/completions": "com
 WINDOW = timedelta(hours=24)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 MAX_ERRORS_SHOWN = 100  # OpenAI lists the first errors, not thousands of them
-INSERT_CHUNK = 1000
+INSERT_CHUNK = 1000  # lines inserted at once at most
+INSERT_BYTES = 2 * 1024 * 1024  # and at most this many bytes of them (parsed, ~25x that)
 
 
 # --- reads -----------------------------------------------------------------------------------
@@ -366,6 +368,7 @@ def batch_validate(*, batch_id: str, lease: datetime | None = None) -> Batch:
         return _fail(batch, errors)
     Line.objects.filter(batch=batch).delete()  # a validation interrupted half-way
     pending: list[Line] = []
+    pending_bytes = 0  # of the lines in ``pending``: parsed, they hold up to ~25 times that
     total = 0
     estimated = quotas.Estimate()
     for number, raw in _lines(source.path, errors):
@@ -381,10 +384,13 @@ def batch_validate(*, batch_id: str, lease: datetime | None = None) -> Batch:
         if checked is None or errors.count:
             continue
         estimated.add(checked[1])
-        pending.append(Line(batch=batch, number=number, custom_id=checked[0], body=checked[1]))
-        if len(pending) >= INSERT_CHUNK:
+        pending.append(
+            Line(batch=batch, number=number, custom_id=checked[0], body=checked[1], size=len(raw))
+        )
+        pending_bytes += len(raw)
+        if len(pending) >= INSERT_CHUNK or pending_bytes >= INSERT_BYTES:
             Line.objects.bulk_create(pending)
-            pending = []
+            pending, pending_bytes = [], 0
     if total == 0 and not errors.count:
         errors.add("empty_file", "The input file has no requests.", line=None)
     if len(models) > 1:
@@ -630,8 +636,9 @@ def batch_finalize(*, batch_id: str) -> None:
     _write_files(locked, final=locked.ending_as or Batch.Status.COMPLETED, stamp=now)
 
 
-def output_line(line: Line) -> bytes:
-    """One line of an output or error file, in OpenAI's shape."""
+def output_line(line: Line, response: str | None) -> bytes:
+    """One line of an output or error file, in OpenAI's shape; ``response``: the line's
+    stored response as JSON text (put in as it is: an answer is never parsed here)."""
     if line.state in (Line.State.DONE, Line.State.FAILED):
         item: dict[str, Any] = {
             "id": line.result_id,
@@ -639,7 +646,7 @@ def output_line(line: Line) -> bytes:
             "response": {
                 "status_code": line.status_code,
                 "request_id": line.request_id,
-                "body": line.response,
+                "body": _RESPONSE,
             },
             "error": None,
         }
@@ -648,9 +655,16 @@ def output_line(line: Line) -> bytes:
             "id": line.result_id or "batch_req_" + secrets.token_hex(12),
             "custom_id": line.custom_id,
             "response": None,
-            "error": line.response,
+            "error": _RESPONSE,
         }
-    return orjson.dumps(item) + b"\n"
+    head, _, tail = orjson.dumps(item).partition(_RESPONSE_JSON)
+    return head + (response or "null").encode() + tail + b"\n"
+
+
+# Where a line's stored response goes in its output line: a string with a NUL, which no
+# custom_id has (the validator refuses NUL) and nothing of ours does.
+_RESPONSE = "\x00response"
+_RESPONSE_JSON = orjson.dumps(_RESPONSE)
 
 
 def _write_files(batch: Batch, *, final: str, stamp: datetime) -> None:
@@ -661,10 +675,19 @@ def _write_files(batch: Batch, *, final: str, stamp: datetime) -> None:
     names = (f"{batch.id}_output.jsonl", f"{batch.id}_error.jsonl")
     counts = {"output": 0, "error": 0}
     with tempfile.TemporaryFile() as output, tempfile.TemporaryFile() as error:
-        lines = Line.objects.filter(batch=batch).order_by("number").iterator(chunk_size=500)
+        # Neither the request nor the answer is parsed: a line's answer goes into its output
+        # line as the JSON text the database gives (parsed, it would hold ~10x its size).
+        lines = (
+            Line.objects.filter(batch=batch)
+            .defer("body", "response")
+            .annotate(response_text=Cast("response", TextField()))
+            .order_by("number")
+            .iterator(chunk_size=100)
+        )
         for line in lines:
             target = "output" if line.state == Line.State.DONE else "error"
-            (output if target == "output" else error).write(output_line(line))
+            text = line.response_text
+            (output if target == "output" else error).write(output_line(line, text))
             counts[target] += 1
         made: list[File] = []
         for target, content, name in (("output", output, names[0]), ("error", error, names[1])):

@@ -560,6 +560,13 @@ INFERPLANE_RETENTION_DAYS = env_int("INFERPLANE_RETENTION_DAYS", 30, minimum=1)
 INFERPLANE_BATCH_LEASE_SECONDS = env_int("INFERPLANE_BATCH_LEASE_SECONDS", 300, minimum=5)
 # Lines one worker process keeps in flight (admission shares the spot pool between tenants).
 INFERPLANE_BATCH_CONCURRENCY = env_int("INFERPLANE_BATCH_CONCURRENCY", 128, minimum=1)
+# The request bodies one worker process keeps in flight, in bytes (as well as at most
+# INFERPLANE_BATCH_CONCURRENCY lines): a line's body grows up to ~25x when parsed, so many
+# lines near the line bound would otherwise take the worker past its memory. One line is
+# always taken, so the bound is this plus one line.
+INFERPLANE_BATCH_INFLIGHT_BYTES = env_int(
+    "INFERPLANE_BATCH_INFLIGHT_BYTES", 8 * 1024 * 1024, minimum=64 * 1024
+)
 # How long one task runs lines before it queues its successor (batches take turns).
 INFERPLANE_BATCH_RUN_SECONDS = env_int("INFERPLANE_BATCH_RUN_SECONDS", 60, minimum=1)
 # How long past its run time a run task may still be finishing its lines in flight: until

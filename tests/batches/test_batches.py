@@ -363,6 +363,41 @@ def test_batch_work_takes_turns_between_tenants(spot: World) -> None:
         assert when(quiet_id) < busy_order[3], when.__name__
 
 
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_hostile_lines_hold_the_worker_in_bounded_memory(spot: World) -> None:
+    """Lines near the line bound whose bodies grow ~25x when parsed (a list of empty lists:
+    3 bytes each in the file, ~80 once parsed) go through a real worker: validated, run (the
+    gateway refuses the unknown field, each line an error line) and written out. The worker
+    processes' peak memory grows by less than 200 MiB: the validator inserts 2 MiB of lines
+    at a time, a run keeps 8 MiB of bodies in flight as JSON text, the files are written
+    without parsing the lines. Before, the validator held 1,000 parsed lines, a run 128 and
+    the file writer 500: measured, 702 MiB for these 24 lines (91 MiB now)."""
+    _, key = spot.tenant()
+    client = _client(spot, key)
+    junk = b"[" + b"[]," * 330_000 + b"[]]"  # ~1 MB; parsed, ~27 MB
+    line = _line("h", max_tokens=1)
+    lines = [
+        orjson.dumps(line | {"custom_id": f"h{i}"})[:-2] + b', "junk": ' + junk + b"}}"
+        for i in range(24)
+    ]
+    file_id = _upload(client, lines)
+    worker = spot.stack.processes["worker"].pid
+    processes = [worker, *_children(worker)]
+    before = {pid: _rss_kib(pid, "VmRSS") for pid in processes}
+    for pid in processes:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak (VmHWM) from here on
+    batch = _until(_client(spot, key), _create(client, file_id).id, _finished, timeout=180)
+    grown_mib = max(_rss_kib(pid, "VmHWM") - before[pid] for pid in processes) / 1024
+    assert batch.status == "completed"
+    assert batch.request_counts.model_dump() == {"total": 24, "completed": 0, "failed": 24}
+    errors = _content(client, batch.error_file_id)
+    assert {e["response"]["body"]["error"]["param"] for e in errors} == {"junk"}
+    assert grown_mib < 200, f"a worker process grew by {grown_mib:.0f} MiB"
+
+
 def test_parameter_errors_are_a_400_and_other_tenants_objects_a_404(spot: World) -> None:
     owner, key = spot.tenant()
     _, other_key = spot.tenant()
