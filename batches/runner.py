@@ -22,6 +22,7 @@ What a line's answer means for it:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -105,15 +106,14 @@ def batch_run(
     the hold the caller took on the batch already (``batches.turns``), else this run takes
     one. Either way the hold is given back when the run ends: its end is the time of the
     tenant's latest turn."""
-    plan = _plan(batch_id)
     budget, until = run_hold_until(seconds)
-    if held_until is not None:
-        until = held_until
-    elif plan is not None:
-        Batch.objects.filter(pk=batch_id).update(running_until=until)
+    until = held_until or until
     try:
+        plan = _plan(batch_id)
         if plan is None:
             return "idle"
+        if held_until is None:
+            Batch.objects.filter(pk=batch_id).update(running_until=until)
         token = uuid.uuid4().hex
         _event_loop().run_until_complete(_drive(plan, token, time.monotonic() + budget))
     finally:
@@ -317,7 +317,9 @@ async def _run_line(plan: Plan, line: Claimed, begun: set[int]) -> Answer:
             admitted=lambda: begun.add(line.pk),
         )
     main = records[0] if records else None
-    return Answer(line, status, body, main, line.pk in begun, tuple(records[1:]))
+    # The body is not kept with the answer: answers wait to be stored in groups.
+    ran = dataclasses.replace(line, body=b"")
+    return Answer(ran, status, body, main, line.pk in begun, tuple(records[1:]))
 
 
 def _batch_state(batch_id: str) -> tuple[str, bool]:

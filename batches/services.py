@@ -337,14 +337,19 @@ def _check_line(
     return custom_id, body
 
 
+def free(hold: str, now: datetime) -> Q:
+    """Batches nobody holds: ``hold`` (``validating_until``, ``running_until``) unset or past."""
+    return Q(**{f"{hold}__isnull": True}) | Q(**{f"{hold}__lt": now})
+
+
 def validation_take(batch_id: str) -> datetime | None:
     """Hold the batch's validation (a lease on the batch): the lease, or None when it is
     not validating or another validator holds it."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.INFERPLANE_BATCH_LEASE_SECONDS)
     held = (
-        Batch.objects.filter(pk=batch_id, status=Batch.Status.VALIDATING)
-        .filter(Q(validating_until__isnull=True) | Q(validating_until__lt=now))
+        Batch.objects.filter(free("validating_until", now), pk=batch_id)
+        .filter(status=Batch.Status.VALIDATING)
         .update(validating_until=lease)
     )
     return lease if held else None
@@ -767,7 +772,7 @@ def batches_runnable(now: datetime) -> QuerySet[Batch]:
             status__in=(Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING),
             ending_at__isnull=True,
         )
-        .filter(Q(running_until__isnull=True) | Q(running_until__lt=now))
+        .filter(free("running_until", now))
         .filter(
             (Exists(ready) & ~Exists(live))
             | Exists(dead)

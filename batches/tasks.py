@@ -1,23 +1,29 @@
 """Thin tasks. Batch work (validation, runs, files) is on the ``batch`` queue, its own worker:
 it never delays probes, metering or rollups. A message only wakes a worker: what to do is
-read from Postgres, so a message delivered twice, or lost with its worker, changes nothing
-(the sweeper, on the default queue, wakes work nobody is doing). A validation or run goes to
-the tenant whose turn it is, whichever batch's message woke the worker (``batches.turns``)."""
+read from Postgres, so a message delivered twice, or lost with its worker, loses and doubles
+nothing (the sweeper, on the default queue, wakes work nobody is doing). A validation or run
+goes to the tenant whose turn it is, whichever batch's message woke the worker
+(``batches.turns``): a message delivered twice gives someone one more turn."""
 
 from __future__ import annotations
 
-from celery import shared_task
+from typing import Any
+
+from celery import current_app, shared_task
 
 from batches.files import files_expired_delete
 from batches.gauges import batch_gauges_store
 from batches.models import Batch
 from batches.services import (
     batch_finalize,
+    batch_finish_if_done,
     batches_expire,
     batches_purge,
     batches_stuck,
 )
 from batches.turns import run_turn, validation_turn
+
+BATCH_QUEUE = "batch"  # the batch work's queue (CELERY_TASK_ROUTES)
 
 
 @shared_task(ignore_result=True)
@@ -30,7 +36,11 @@ def batch_validate_task(batch_id: str) -> None:
 @shared_task(ignore_result=True)
 def batch_run_task(batch_id: str) -> None:
     """``batch_id`` asked for a run; the turn goes to the tenant whose turn it is, and a run
-    that leaves lines asks for another."""
+    that leaves lines asks for another. A batch being cancelled that asked is settled first
+    when nothing of it is left to run (that is nobody's turn: nothing of it runs; a batch
+    cancelled before its validation ended is no run's either)."""
+    if Batch.objects.filter(pk=batch_id, status=Batch.Status.CANCELLING).exists():
+        batch_finish_if_done(batch_id=batch_id)
     ran, outcome = run_turn()
     if ran is not None and outcome == "more":
         batch_run_task.apply_async((ran,), countdown=1)
@@ -54,6 +64,7 @@ def batches_sweep_task() -> None:
 
 def _sweep() -> None:
     batches_expire()
+    waiting: list[str] = []  # running batches with work nobody is doing
     for batch_id in batches_stuck():
         batch = Batch.objects.filter(pk=batch_id).only("status", "ending_at").first()
         if batch is None:
@@ -62,7 +73,25 @@ def _sweep() -> None:
             batch_finalize_task.delay(batch_id)
         elif batch.status == Batch.Status.VALIDATING:
             batch_validate_task.delay(batch_id)
-        else:  # running, or cancelled while a validator that died held it
+        elif batch.status == Batch.Status.CANCELLING:  # its message settles it
             batch_run_task.delay(batch_id)
+        else:
+            waiting.append(batch_id)
+    # A run message is a turn for whoever's turn it is: one queued per batch waiting is
+    # enough (waking each one every sweep would grow the queue without end under a backlog
+    # of batches waiting their turn).
+    for batch_id in waiting[: max(0, len(waiting) - _queued(BATCH_QUEUE))]:
+        batch_run_task.delay(batch_id)
     files_expired_delete()
     batches_purge()
+
+
+def _queued(queue: str) -> int:
+    """The messages waiting in one of the broker's queues (0 when it cannot say)."""
+    try:
+        with current_app.connection_for_read() as connection:
+            channel: Any = connection.default_channel  # kombu's typing lacks queue_declare
+            declared = channel.queue_declare(queue=queue, passive=True)
+            return int(declared.message_count)
+    except Exception:  # no such queue yet, or the broker is away: wake every batch
+        return 0

@@ -11,19 +11,19 @@ whatever order their messages came in; every message still gives someone a turn,
 that leaves lines asks for another.
 
 A tenant's latest turn is read from its batches' holds (``validating_until``: a validation's
-lease; ``running_until``: a run's hold, set to the run's end when it ends).
+lease; ``running_until``: a run's hold), each set to the turn's end when it ends.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import F, OuterRef, Q, QuerySet, Subquery
+from django.db.models import F, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from batches.models import Batch
 from batches.runner import batch_run, run_hold_until
-from batches.services import batch_validate, batches_runnable, validation_take
+from batches.services import batch_validate, batches_runnable, free, validation_take
 
 # Turns older than this count as none (a tenant back after a quiet hour goes first).
 MEMORY = timedelta(hours=1)
@@ -51,15 +51,20 @@ def validation_turn() -> str | None:
     """Validate the batch whose tenant's turn it is; its id, or None when no batch waits."""
     for _ in range(TRIES):
         now = timezone.now()
-        waiting = Batch.objects.filter(status=Batch.Status.VALIDATING).filter(
-            Q(validating_until__isnull=True) | Q(validating_until__lt=now)
+        waiting = Batch.objects.filter(
+            free("validating_until", now), status=Batch.Status.VALIDATING
         )
         batch_id = _fairest(waiting, "validating_until", now)
         if batch_id is None:
             return None
         lease = validation_take(batch_id)
         if lease is not None:  # else another worker took it first: whose turn is it now?
-            batch_validate(batch_id=batch_id, lease=lease)
+            try:
+                batch_validate(batch_id=batch_id, lease=lease)
+            finally:  # the turn's end is its tenant's latest validation
+                Batch.objects.filter(pk=batch_id, validating_until=lease).update(
+                    validating_until=timezone.now()
+                )
             return batch_id
     return None
 
@@ -73,7 +78,7 @@ def run_turn(*, seconds: float | None = None) -> tuple[str | None, str]:
         if batch_id is None:
             return None, "idle"
         _, until = run_hold_until(seconds)
-        free = Q(running_until__isnull=True) | Q(running_until__lt=now)
-        if Batch.objects.filter(free, pk=batch_id).update(running_until=until):
+        taken = Batch.objects.filter(free("running_until", now), pk=batch_id)
+        if taken.update(running_until=until):
             return batch_id, batch_run(batch_id=batch_id, seconds=seconds, held_until=until)
     return None, "idle"

@@ -68,6 +68,7 @@ class Lifecycle:
         self.output_filter = output_filter
         self.input_check = input_check
         self.guard: RequestGuard | None = None  # the tenant's moderation, when it has one
+        self.refused: str | None = None  # why its guard's rules refused it before admission
 
     @classmethod
     async def begin(
@@ -129,9 +130,10 @@ class Lifecycle:
         if not guards:
             return life
         guard = life.guard = guards[0]
+        if refused:  # the rules refused it (``screen``): it holds no slot; ``start`` says so
+            life.refused = refused[0]
+            return life
         try:
-            if refused:  # the rules refused it (``screen``): it holds no slot
-                raise input_refused(refused[0])
             call.body = guard.rewrite(call.body)
             life.output_filter, life.input_check = guard, guard.input_check
         except BaseException as exc:
@@ -145,8 +147,11 @@ class Lifecycle:
         """Send the request (``Relay.start``) and, with an input check, run it meanwhile:
         this returns once both are through, so nothing reaches the client unchecked (a
         guard's cheap checks ran before admission, in ``begin``). A refusal raises the 400
-        the client gets (``seams.input_refused``)."""
+        the client gets (``seams.input_refused``), also for an input the rules refused in
+        ``begin`` (it was never admitted: nothing is sent)."""
         call = self.call
+        if self.refused is not None:
+            raise input_refused(self.refused)
         check = self.input_check
         if check is None:
             await self.relay.start()

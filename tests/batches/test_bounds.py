@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
 from batches.models import Batch, File, Line
 from batches.runner import Answer, _claim, _store_many
 from batches.services import _begin_ending, batch_finalize, batches_expire, batches_stuck
+from batches.tasks import BATCH_QUEUE, _queued, _sweep, batch_run_task
 from tenants.services import api_key_create
 from tests.conftest import TenantPeople
 
@@ -38,9 +40,14 @@ def _batch(people: TenantPeople, lines: int = 1, **fields: Any) -> Batch:
         api_key=key,
         input_file_id="file-x",
         endpoint="/v1/chat/completions",
-        status=Batch.Status.IN_PROGRESS,
-        in_progress_at=timezone.now(),
-        **({"expires_at": timezone.now() + timedelta(hours=24)} | fields),
+        **(
+            {
+                "status": Batch.Status.IN_PROGRESS,
+                "in_progress_at": timezone.now(),
+                "expires_at": timezone.now() + timedelta(hours=24),
+            }
+            | fields
+        ),
     )
     for number in range(1, lines + 1):
         Line.objects.create(batch=batch, number=number, custom_id=f"r{number}", body={})
@@ -94,3 +101,39 @@ def test_an_expired_batch_has_one_writer_at_a_time(people: TenantPeople) -> None
     batch.refresh_from_db()
     assert batch.status == Batch.Status.EXPIRED and batch.error_file_id
     assert File.objects.get(pk=batch.error_file_id).lines == 2
+
+
+def test_the_sweeper_keeps_one_run_queued_for_each_batch_waiting_however_often_it_sweeps(
+    people: TenantPeople,
+) -> None:
+    """Batches waiting their turn (lines ready, no run holding them) get a run message each
+    from the sweeper, not one more every sweep: a run message is a turn for whoever's turn it
+    is, and with one a batch queued, every batch gets its turn. Before, every sweep (each
+    5 s) queued one for each, and under a backlog the queue grew without end."""
+    with current_app.connection_for_write() as connection:
+        channel: Any = connection.default_channel
+        channel.queue_purge(BATCH_QUEUE)
+    for _ in range(3):
+        _batch(people, lines=2)
+    for _ in range(4):
+        _sweep()
+    assert _queued(BATCH_QUEUE) == 3
+
+
+def test_a_batch_cancelled_while_its_validator_died_is_settled_by_the_sweepers_wake_up(
+    people: TenantPeople,
+) -> None:
+    """Cancelled while validating, its validator then gone (its lease ran out) and no line
+    inserted: no run turn takes it (it has nothing to run), so the run message the sweeper
+    sends for it settles it as cancelled, not left ``cancelling`` until it expires."""
+    batch = _batch(
+        people,
+        lines=0,
+        status=Batch.Status.CANCELLING,
+        in_progress_at=None,
+        cancelling_at=timezone.now(),
+        validating_until=timezone.now() - timedelta(seconds=1),
+    )
+    assert batch.pk in batches_stuck()
+    batch_run_task(batch.pk)
+    assert Batch.objects.get(pk=batch.pk).status == Batch.Status.CANCELLED
