@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import uuid
+from pathlib import Path
 from typing import Any, cast
 
 import msgspec
@@ -53,13 +54,8 @@ def _consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{_RUN}"
 
 
-# Moves the legacy list into the stream atomically, up to ARGV[1] items.
-_MIGRATE = """
-local items = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-for _, item in ipairs(items) do redis.call('XADD', KEYS[2], '*', 'r', item) end
-if #items > 0 then redis.call('LTRIM', KEYS[1], #items, -1) end
-return #items
-"""
+# Moves the legacy list into the stream atomically (its own file, as every script here).
+_MIGRATE = (Path(__file__).with_name("lua") / "spool_migrate.lua").read_text()
 
 
 def spool_push(*records: UsageRecord) -> None:

@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from adapters.services import adapter_files_remove
 from controlplane.redis import redis_sync
 from inference.api.admission import adapter_in_use
+from inference.api.lua import Script
 from inference.catalog import adapters_held_key, catalog_publish, pool_prefix
 from inference.engine_auth import engine_auth_headers
 from inference.engine_metrics import engine_metrics_parse
@@ -530,20 +531,8 @@ def _redis_now_ms() -> int | None:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-# The engine's adapters, made what the router believes: adapters the engine lists are held
-# (found after a restart of ours, scored oldest); ones it no longer lists are dropped, unless
-# a gateway recorded them since the probe began (a load racing the probe).
-_RECONCILE = """
-local on = {}
-for i = 2, #ARGV do
-  on[ARGV[i]] = true
-  redis.call('ZADD', KEYS[1], 'NX', 0, ARGV[i])
-end
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1])) do
-  if not on[m] then redis.call('ZREM', KEYS[1], m) end
-end
-return 1
-"""
+# The engine's adapters, made what the router believes (inference/api/lua/lora/).
+_RECONCILE = Script("lora", "reconcile")
 _ENGINE_NAME = re.compile(r"^(?P<slug>[^/]+)/(?P<name>[^/:]+):(?P<version>\d+)$")
 
 
@@ -576,7 +565,7 @@ def _adapters_reconcile(
             )
             log.info("unloaded %s from %s (not served): %s", name, replica, answer.status_code)
     redis_sync().eval(
-        _RECONCILE,
+        _RECONCILE.source,
         1,
         adapters_held_key(replica.pool.name, str(replica.pk)),
         started_ms,
