@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from adapters.services import adapter_files_remove
 from controlplane.redis import redis_sync
 from inference.api.admission import adapter_in_use
-from inference.api.lua import Script
+from inference.api.lora import RECONCILE
 from inference.catalog import adapters_held_key, catalog_publish, pool_prefix
 from inference.engine_auth import engine_auth_headers
 from inference.engine_metrics import engine_metrics_parse
@@ -531,8 +531,6 @@ def _redis_now_ms() -> int | None:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-# The engine's adapters, made what the router believes (inference/api/lua/lora/).
-_RECONCILE = Script("lora", "reconcile")
 _ENGINE_NAME = re.compile(r"^(?P<slug>[^/]+)/(?P<name>[^/:]+):(?P<version>\d+)$")
 
 
@@ -565,7 +563,7 @@ def _adapters_reconcile(
             )
             log.info("unloaded %s from %s (not served): %s", name, replica, answer.status_code)
     redis_sync().eval(
-        _RECONCILE.source,
+        RECONCILE.source,  # the engine's adapters, made what the router believes
         1,
         adapters_held_key(replica.pool.name, str(replica.pk)),
         started_ms,

@@ -59,6 +59,11 @@ _LOADED = Script("lora", "loaded")
 
 _UNLOCK = Script("lora", "unlock")
 
+# KEYS: held   ARGV: probe began (ms), the adapters the engine lists  (the health probe's,
+# run synchronously by inference.services: what the router believes, made what the engine
+# holds)
+RECONCILE = Script("lora", "reconcile")
+
 
 class ReplicaUnreachable(Exception):
     """The engine could not be reached to load or unload: a replica failure."""
