@@ -179,7 +179,9 @@ def test_a_filter_that_cuts_ends_the_stream_with_content_filter(serving: Serving
     chunks = events[:-1]
     for chunk in chunks:
         contract.validate(CHUNK, chunk)
-    assert 0 < len(_text(chunks)) <= 20  # nothing past the cut reached the client
+    # Nothing past the cut reached the client (a loaded engine can send many tokens in one
+    # chunk, the first one past the limit already: then nothing at all is released).
+    assert len(_text(chunks)) <= 20
     assert _finishes(chunks) == ["content_filter"]
     usage = chunks[-1]["usage"]  # the usage chunk closes the answer, as asked for
     assert chunks[-1]["choices"] == [] and usage["completion_tokens"] > 0
@@ -209,7 +211,7 @@ def test_a_filter_that_cuts_a_whole_answer_finishes_it_with_content_filter(
     contract.validate("CreateChatCompletionResponse", body)
     (choice,) = body["choices"]
     assert choice["finish_reason"] == "content_filter"
-    assert 0 < len(choice["message"]["content"]) <= 20
+    assert len(choice["message"]["content"]) <= 20  # (none, if the first chunk was past it)
     (record,) = serving.records(tenant)
     assert record.status == "content_filter"
     assert record.completion_tokens == body["usage"]["completion_tokens"] < 400
