@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -351,10 +351,14 @@ class _Choice:
     checked: int = 0  # tokens checked so far
     held: deque[tuple[int, Chunk]] = field(default_factory=deque)  # (tokens up to it, chunk)
 
-    def window(self, size: int) -> str:
-        """The texts of the last ``size`` tokens (a delta that straddles the edge, whole),
-        each stream's joined, the streams one after another."""
-        start = self.tokens - size
+    def window(self, size: int, overlap: int) -> str:
+        """The texts of the last ``size`` tokens, and always of every token since the last
+        check and the ``overlap`` before it (a delta that straddles the edge, whole), each
+        stream's joined, the streams one after another. A check can come more than a step
+        after the last one (a delta the engine merged from many steps): its window then
+        reaches back to the overlap, so no token goes out unread and a word across the
+        last check's edge is read whole."""
+        start = min(self.tokens - size, self.checked - overlap)
         i = len(self.parts)
         while i > 0 and self.parts[i - 1][0] > start:
             i -= 1
@@ -469,7 +473,19 @@ class Guarded:
         cut = await self._collect(release, wait=False)  # a window checked meanwhile
         if cut is not None:
             return Screened(release, cut)
-        for chunk in batch:
+        # The engine's counts (continuous usage stats) are the relay's as of the batch's
+        # last chunk: a choice's earlier chunks in the batch end before it, one token each
+        # at least.
+        shown = [
+            (chunk, visible_texts(chunk["choices"][0], chat=self.chat))
+            if check and chunk.get("choices")
+            else (chunk, {})
+            for chunk in batch
+        ]
+        after: Counter[int] = Counter(
+            int(chunk["choices"][0].get("index") or 0) for chunk, texts in shown if texts
+        )
+        for chunk, texts in shown:
             choices = chunk.get("choices")
             if not choices:
                 self.tail.append(chunk)  # the usage chunk: the stream's last, kept for end()
@@ -484,10 +500,9 @@ class Guarded:
             state = self.choices.get(index)
             if state is None:
                 state = self.choices[index] = _Choice()
-            texts = visible_texts(c, chat=self.chat)
             if texts:
-                # The engine's count when it gave one (continuous usage stats), else a token.
-                state.tokens = max(state.tokens + 1, self.tokens.get(index, 0))
+                after[index] -= 1
+                state.tokens = max(state.tokens + 1, self.tokens.get(index, 0) - after[index])
                 state.parts.append((state.tokens, texts))
             finished = bool(c.get("finish_reason"))
             held = self.hold and bool(texts or state.held)
@@ -546,7 +561,7 @@ class Guarded:
     ) -> str | None:
         """Check choice ``index``'s last window; in hold mode, release what it cleared."""
         end = state.tokens
-        text = state.window(self.window)
+        text = state.window(self.window, self.overlap)
         state.checked = end
         if self.hold:
             checked = time.perf_counter()

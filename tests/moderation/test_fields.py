@@ -230,6 +230,40 @@ def test_pii_is_masked_in_tool_calls_and_definitions() -> None:
     assert masked["messages"][0] == body["messages"][0]  # what held nothing is as it was
 
 
+def test_a_delta_merged_from_many_steps_is_read_with_the_edge_before_it() -> None:
+    """A loaded engine merges the deltas a slow reader has not taken: one chunk can carry
+    more tokens than a window moves on by. Its check reads back to the last check's overlap,
+    so the tokens between (" se", never in a window before) and a word across that edge
+    ("se" + "cret") are read; before, the window was the last 8 tokens only: the merged
+    chunk, and " se" + "cret" went out in hold mode (a fresh-clone run saw it with n=2)."""
+    counts: dict[int, int] = {}  # the relay's: the engine's count as of each batch's end
+    guard = _guard()
+    guard.tokens = counts
+    merged = _chat({"content": "cret, and the pool serves many of them at once"})
+    released: list[dict[str, Any]] = []
+
+    async def stream() -> str | None:
+        for count, batch in [
+            (4, [_chat({"content": t}) for t in FILLER]),  # one batch, four tokens
+            (5, [_chat({"content": " se"})]),
+            (17, [merged]),  # twelve tokens in one delta
+        ]:
+            counts[0] = count
+            verdict = await guard.screen(batch)
+            released.extend(verdict.release)
+            if verdict.cut is not None:
+                return verdict.cut
+        return (await guard.end()).cut
+
+    cut = asyncio.run(stream())
+    assert cut is not None and "blocked" in cut
+    delivered = "".join(c["choices"][0]["delta"].get("content", "") for c in released)
+    assert "secret" not in delivered and " se" not in delivered
+    # The batch of four one-token chunks counted four, not 4 + 3 (the engine's count at
+    # the batch's end given to its first chunk: each window then covered fewer tokens).
+    assert [tokens for tokens, _ in guard.choices[0].parts][:4] == [1, 2, 3, 4]
+
+
 def test_a_window_moves_on_by_at_least_a_quarter_of_itself() -> None:
     """window 2048, overlap 2047 read the whole window again at every token, on the shared
     event loop: refused now, and a policy stored before is read with the floor."""
