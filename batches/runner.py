@@ -40,7 +40,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from batches.models import Batch, Line
-from batches.services import ENDPOINTS, error_body
+from batches.wire import ENDPOINTS, error_body
 from billing.services import usage_records_insert
 from contract import UsageRecord
 from controlplane.redis import redis_sync

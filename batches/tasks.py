@@ -14,13 +14,8 @@ from celery import current_app, shared_task
 from batches.files import files_expired_delete
 from batches.gauges import batch_gauges_store
 from batches.models import Batch
-from batches.services import (
-    batch_finalize,
-    batch_finish_if_done,
-    batches_expire,
-    batches_purge,
-    batches_stuck,
-)
+from batches.selectors import batches_stuck
+from batches.services import batch_finalize, batch_finish_if_done, batches_expire, batches_purge
 from batches.turns import run_turn, validation_turn
 
 BATCH_QUEUE = "batch"  # the batch work's queue (CELERY_TASK_ROUTES)

@@ -23,7 +23,8 @@ from django.utils import timezone
 
 from batches.models import Batch
 from batches.runner import batch_run, run_hold_until
-from batches.services import batch_validate, batches_runnable, free, validation_take
+from batches.selectors import batches_runnable, free
+from batches.validation import batch_validate, validation_take
 
 # Turns older than this count as none (a tenant back after a quiet hour goes first).
 MEMORY = timedelta(hours=1)

@@ -16,7 +16,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from batches import files as file_services
-from batches import services
+from batches import selectors, services, wire
 from batches.asgi import bearer, missing_api_key
 from batches.models import Batch, File
 from inference.api.errors import ApiError, invalid_api_key, invalid_request
@@ -196,12 +196,12 @@ def batches(request: HttpRequest, key: ApiKey) -> HttpResponse:
             params=params,
             idempotency_key=request.headers.get("Idempotency-Key") or None,
         )
-        return JsonResponse(services.batch_object(batch))
-    page, more = _page(services.batch_list(tenant=key.tenant), request, default=20, most=100)
+        return JsonResponse(wire.batch_object(batch))
+    page, more = _page(selectors.batch_list(tenant=key.tenant), request, default=20, most=100)
     return JsonResponse(
         {
             "object": "list",
-            "data": [services.batch_object(b) for b in page],
+            "data": [wire.batch_object(b) for b in page],
             **({"first_id": page[0].id, "last_id": page[-1].id} if page else {}),
             "has_more": more,
         }
@@ -211,11 +211,11 @@ def batches(request: HttpRequest, key: ApiKey) -> HttpResponse:
 @v1({"GET"})
 def batch_detail(request: HttpRequest, key: ApiKey, batch_id: str) -> HttpResponse:
     return JsonResponse(
-        services.batch_object(services.batch_get(tenant=key.tenant, batch_id=batch_id))
+        wire.batch_object(selectors.batch_get(tenant=key.tenant, batch_id=batch_id))
     )
 
 
 @v1({"POST"})
 def batch_cancel(request: HttpRequest, key: ApiKey, batch_id: str) -> HttpResponse:
-    batch = services.batch_get(tenant=key.tenant, batch_id=batch_id)
-    return JsonResponse(services.batch_object(services.batch_cancel(batch=batch)))
+    batch = selectors.batch_get(tenant=key.tenant, batch_id=batch_id)
+    return JsonResponse(wire.batch_object(services.batch_cancel(batch=batch)))

@@ -48,6 +48,31 @@ def cost_micros(
     return int(amount.quantize(_ONE, rounding=ROUND_HALF_UP))
 
 
+def price_of(
+    rates: PriceRow | None,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+    batch: bool = False,
+) -> int:
+    """What tokens cost at a price row of the catalog (``contract.price_in_force``), for the
+    gateway's spend budgets; the ledger fixes the billed cost itself, with the same
+    arithmetic."""
+    if rates is None:
+        return 0
+    return cost_micros(
+        input_per_mtok=rates.input_per_mtok,
+        cached_input_per_mtok=rates.cached_input_per_mtok,
+        output_per_mtok=rates.output_per_mtok,
+        batch_discount_percent=rates.batch_discount_percent,
+        batch=batch,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens,
+    )
+
+
 def usage_cost_micros(
     *, price: Price, mode: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int
 ) -> int:

@@ -35,7 +35,9 @@ from adapters import selectors as adapter_selectors
 from adapters import services as adapter_services
 from batches import files as batch_files
 from batches import quotas as batch_quotas
+from batches import selectors as batch_selectors
 from batches import services as batch_services
+from batches import wire as batch_wire
 from billing.models import Invoice
 from billing.pricing import micros_to_usd
 from billing.selectors import invoice_get, invoice_list
@@ -309,8 +311,7 @@ def adapter_delete(request: HttpRequest, slug: str, name: str, version: int) -> 
 
 def _batch_rows(access: TenantAccess) -> dict[str, Any]:
     rows = [
-        batch_services.batch_object(b)
-        for b in batch_services.batch_list(tenant=access.tenant)[:100]
+        batch_wire.batch_object(b) for b in batch_selectors.batch_list(tenant=access.tenant)[:100]
     ]
     for row in rows:
         counts = row["request_counts"]
@@ -342,7 +343,7 @@ def batch_rows(request: HttpRequest, slug: str) -> HttpResponse:
 def batch_cancel(request: HttpRequest, slug: str, batch_id: str) -> HttpResponse:
     access = page_access(request, slug, Perm.BATCHES_MANAGE)
     try:
-        batch = batch_services.batch_get(tenant=access.tenant, batch_id=batch_id)
+        batch = batch_selectors.batch_get(tenant=access.tenant, batch_id=batch_id)
         batch_services.batch_cancel(batch=batch)
     except ApiError as error:
         if error.status == 404:

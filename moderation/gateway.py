@@ -36,12 +36,12 @@ import msgspec
 import orjson
 from redis.exceptions import RedisError
 
+from billing.pricing import price_of
 from contract import UsageRecord, price_in_force
 from inference.api import metering, metrics
 from inference.api.auth import KeyInfo
 from inference.api.catalog import catalog_view
 from inference.api.db import run_db
-from inference.api.pipeline import price_of
 from inference.api.redis import redis_async
 from inference.api.schema import ParsedRequest
 from inference.api.seams import Chunk, GuardBuilder, InputCheck, Screened

@@ -8,14 +8,14 @@ batch leg, a Celery worker): one object that owns it from the checked key to the
             ...                           # the transport writes them
 
 ``begin`` validates, resolves the model, takes the limits, runs the guard's rules (an input
-they refuse waits for no replica) and waits for admission (``pipeline.prepare``; an
+they refuse waits for no replica) and waits for admission (``prepare.prepare``; an
 ``ApiError`` there leaves nothing held). Leaving the ``async with``,
 however it is left — the answer complete, an error, the client gone (``ClientGone``) or the
 task cancelled — closes the engine's stream (draining it first when the client left or a
 filter stopped it, so the tokens made are counted), meters the call and frees its slot and
 limits, shielded from cancellation, exactly once. The call's state moves only through its
-own methods (``pipeline.State``); its outcome and error are set only by ``Call.fail`` and
-``Call.note``, and it is settled by ``pipeline.finish``.
+own methods (``call.State``); its outcome and error are set only by ``Call.fail`` and
+``Call.note``, and it is settled by ``settle.finish``.
 
 ``begin`` also takes the seams of ``inference.api.seams``: an output filter the chunks pass
 through, an input check run beside the upstream request, and a pool to run on instead of
@@ -36,8 +36,10 @@ from redis.exceptions import RedisError
 from contract import UsageRecord
 from inference.api import responses
 from inference.api.auth import KeyInfo
+from inference.api.call import Call, MidStreamError, State
 from inference.api.errors import ApiError, overloaded
-from inference.api.pipeline import Call, MidStreamError, Relay, Screen, State, finish, prepare
+from inference.api.prepare import Screen, prepare
+from inference.api.relay import Relay
 from inference.api.schema import ParsedRequest
 from inference.api.seams import (
     InputCheck,
@@ -48,6 +50,7 @@ from inference.api.seams import (
     guard_for,
     input_refused,
 )
+from inference.api.settle import finish
 
 
 class ClientGone(Exception):

@@ -29,8 +29,10 @@ import time
 import uuid
 
 import aiohttp
+from redis.exceptions import RedisError
 
-from inference.api.errors import ApiError
+from inference.api.call import Adapter, Call
+from inference.api.errors import ApiError, overloaded
 from inference.api.lua import Batch, Script
 from inference.api.redis import redis_async
 from inference.api.upstream import TRANSPORT_ERRORS, engine_session
@@ -198,3 +200,46 @@ def adapters_held(pool: str, replicas: list[str]) -> dict[str, list[str]]:
         replica: [name.decode() for name in names]
         for replica, names in zip(replicas, pipe.execute(), strict=True)
     }
+
+
+async def onto_replica(call: Call, adapter: Adapter) -> None:
+    """Make sure the chosen replica holds the request's adapter (loading it if not), and
+    count the request as using it there, so that it is not evicted meanwhile (a failure
+    fails the call: the error the client gets is raised)."""
+    pool = call.route.pool
+    try:
+        held = False
+        if call.route.adapter_replica != call.route.replica:
+            if call.route.adapter_replica:
+                await unuse(pool, call.route.adapter_replica, adapter.engine_name, call.rid)
+            call.route.adapter_replica = call.route.replica  # before: finish() unmarks it whatever
+            held = await use(pool, call.route.replica, adapter.engine_name, call.rid)
+        if not held:
+            await load(
+                pool=pool,
+                replica=call.route.replica,
+                url=call.route.replica_url,
+                name=adapter.engine_name,
+                path=adapter.path,
+                capacity=call.route.max_loras,
+            )
+    except RedisError:
+        log.warning("adapter bookkeeping unavailable", exc_info=True)
+        call.fail("adapter bookkeeping unavailable")
+        call.error_kind = "adapter_load"
+        raise overloaded(
+            2, "Adapters cannot be placed for a moment. Retry shortly.", kind="adapter_load"
+        ) from None
+    except ApiError as exc:  # the engine refused the adapter, or its load takes too long
+        call.fail(exc.message)
+        call.error_kind = exc.kind
+        raise
+
+
+async def forget_quietly(call: Call, adapter: Adapter) -> None:
+    """The call's replica turned out not to hold the adapter (it restarted since the last
+    probe): forgotten there, so that the next placement loads it again."""
+    try:
+        await forget(call.route.pool, call.route.replica, adapter.engine_name)
+    except RedisError:
+        log.warning("could not forget adapter %s", adapter.engine_name, exc_info=True)

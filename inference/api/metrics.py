@@ -27,8 +27,8 @@ from django.conf import settings
 from prometheus_client import Counter, Histogram
 
 if TYPE_CHECKING:
+    from contract import UsageRecord
     from inference.api.errors import ApiError
-    from inference.api.pipeline import Call
 
 # vLLM 0.32's buckets (REQUEST_LATENCY, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY).
 REQUEST_LATENCY_BUCKETS = (
@@ -161,32 +161,33 @@ def tenant_label(slug: str) -> str:
     return _tenants(slug)
 
 
-def request_settled(call: Call, status: str, duration: float, cost_micros: int) -> None:
-    """One metered request: its ledger row's status, tokens and cost, its latencies."""
-    pool = call.route.pool
-    model = call.base_model or call.parsed.model
-    endpoint = call.parsed.endpoint
-    tenant = tenant_label(call.key.tenant_slug)
-    counts = call.counts
+def request_settled(
+    record: UsageRecord, *, tenant_slug: str, error_kind: str = "", cost_micros: int = 0
+) -> None:
+    """One metered request, from its settled record: its status, tokens and cost, its
+    latencies. ``error_kind``: what a failure is counted as when the status does not tell
+    (``errors.ERROR_KINDS``)."""
+    pool, model, endpoint = record.pool, record.model, record.endpoint
+    tenant = tenant_label(tenant_slug)
     route, target = "", ""
-    if call.routed_name:
+    if record.route:
         # An adapter's route is named by its tenant's address: not a label (tenants could
         # mint them); its targets are versions of one adapter.
-        route = "adapter" if call.adapter is not None else call.routed_name
-        target = f"v{call.adapter.label.rpartition(':')[2]}" if call.adapter else model
-    REQUESTS.labels(pool, model, endpoint, status, tenant, route, target).inc()
-    TOKENS.labels(pool, model, "prompt", tenant).inc(counts.prompt)
-    TOKENS.labels(pool, model, "completion", tenant).inc(counts.completion)
-    if counts.cached:
-        TOKENS.labels(pool, model, "cached", tenant).inc(counts.cached)
+        route = "adapter" if record.adapter else record.route
+        target = f"v{record.adapter.rpartition(':')[2]}" if record.adapter else model
+    REQUESTS.labels(pool, model, endpoint, record.status, tenant, route, target).inc()
+    TOKENS.labels(pool, model, "prompt", tenant).inc(record.prompt_tokens)
+    TOKENS.labels(pool, model, "completion", tenant).inc(record.completion_tokens)
+    if record.cached_tokens:
+        TOKENS.labels(pool, model, "cached", tenant).inc(record.cached_tokens)
     if cost_micros:
         COST.labels(pool, model, tenant).inc(cost_micros / 1_000_000)
-    exemplar = {"request_id": call.rid}
-    if counts.ttft_ms is not None:
-        TTFT.labels(pool, model, tenant).observe(counts.ttft_ms / 1000, exemplar)
-    E2E.labels(pool, model, endpoint).observe(duration, exemplar)
-    if status != "ok":
-        ERRORS.labels(endpoint, call.error_kind or _ENDED[status], tenant).inc()
+    exemplar = {"request_id": record.request_id}
+    if record.ttft_ms is not None:
+        TTFT.labels(pool, model, tenant).observe(record.ttft_ms / 1000, exemplar)
+    E2E.labels(pool, model, endpoint).observe(record.duration_ms / 1000, exemplar)
+    if record.status != "ok":
+        ERRORS.labels(endpoint, error_kind or _ENDED[record.status], tenant).inc()
 
 
 # What a metered request that did not end ok is counted as, unless the call says
@@ -200,9 +201,8 @@ def request_refused(error: ApiError, *, endpoint: str, tenant_slug: str | None) 
     ERRORS.labels(endpoint, error.kind, tenant).inc()
 
 
-def queue_waited(call: Call, seconds: float) -> None:
-    call.queue_wait = seconds
-    QUEUE_WAIT.labels(call.route.pool, tenant_label(call.key.tenant_slug)).observe(seconds)
+def queue_waited(*, pool: str, tenant_slug: str, seconds: float) -> None:
+    QUEUE_WAIT.labels(pool, tenant_label(tenant_slug)).observe(seconds)
 
 
 class TokenGaps:
@@ -221,12 +221,12 @@ class TokenGaps:
         self.counts[bisect_left(INTER_TOKEN_LATENCY_BUCKETS, seconds)] += 1
         self.total += seconds
 
-    def flush(self, call: Call) -> None:
-        """Into the call's series, as many ``observe()`` calls would have (prometheus_client
+    def flush(self, *, pool: str, model: str) -> None:
+        """Into the stream's series, as many ``observe()`` calls would have (prometheus_client
         keeps a histogram child's buckets non-cumulative, one value each, and its sum)."""
         if not any(self.counts):
             return
-        child = ITL.labels(call.route.pool, call.base_model or call.parsed.model)
+        child = ITL.labels(pool, model)
         for bucket, n in zip(child._buckets, self.counts, strict=True):
             if n:
                 bucket.inc(n)
@@ -273,15 +273,15 @@ def _bucket(buckets: tuple[float, ...], value: float) -> int:
     return len(buckets)
 
 
-def spark_into(pipe: Any, call: Call, now: float) -> None:
-    """Count the call's TTFT and queue wait in its pool's current window (on the pipeline
-    that carries the request's other end-of-life work: no extra round trip)."""
-    if call.counts.ttft_ms is None:
+def spark_into(pipe: Any, record: UsageRecord, *, queue_wait: float, now: float) -> None:
+    """Count a settled request's TTFT and queue wait in its pool's current window (on the
+    pipeline that carries the request's other end-of-life work: no extra round trip)."""
+    if record.ttft_ms is None:
         return
-    key = spark_key(call.route.pool, int(now // SPARK_WINDOW_SECONDS))
+    key = spark_key(record.pool, int(now // SPARK_WINDOW_SECONDS))
     pipe.hincrby(key, "n", 1)
-    pipe.hincrby(key, f"t{_bucket(TIME_TO_FIRST_TOKEN_BUCKETS, call.counts.ttft_ms / 1000)}", 1)
-    pipe.hincrby(key, f"w{_bucket(QUEUE_WAIT_BUCKETS, call.queue_wait)}", 1)
+    pipe.hincrby(key, f"t{_bucket(TIME_TO_FIRST_TOKEN_BUCKETS, record.ttft_ms / 1000)}", 1)
+    pipe.hincrby(key, f"w{_bucket(QUEUE_WAIT_BUCKETS, queue_wait)}", 1)
     pipe.expire(key, SPARK_KEEP_SECONDS)
 
 

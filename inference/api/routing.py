@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from inference.api import consumers
+from inference.api import consumers, websocket
 
 http_urlpatterns = [
     path("v1/chat/completions", consumers.ChatCompletionsConsumer.as_asgi()),
@@ -11,5 +11,5 @@ http_urlpatterns = [
 ]
 
 websocket_urlpatterns = [
-    path("v1/ws", consumers.GatewayWebSocketConsumer.as_asgi()),
+    path("v1/ws", websocket.GatewayWebSocketConsumer.as_asgi()),
 ]

@@ -19,7 +19,7 @@ from inference.api.errors import ApiError, invalid_request
 
 PosInt = Annotated[StrictInt, Field(ge=1, le=10_000_000)]
 # Prompts in one /v1/completions request. Every prompt x n is a sequence the engine runs at
-# once, so a request is also bounded by its pool's capacity (see pipeline.prepare).
+# once, so a request is also bounded by its pool's capacity (see prepare._check_fits).
 MAX_PROMPTS = 128
 TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
 # chat_template_kwargs reach the engine's apply_chat_template: these would replace the

@@ -45,7 +45,7 @@ def engine_session() -> aiohttp.ClientSession:
                 limit=0, keepalive_timeout=60, enable_cleanup_closed=True
             ),
             # No total or read timeout here: the relay bounds the wait for an engine's first
-            # token and every silence mid-stream itself (pipeline.Relay; settings
+            # token and every silence mid-stream itself (relay.Relay; settings
             # INFERPLANE_ENGINE_FIRST_BYTE/STALL_TIMEOUT_SECONDS), since a hung engine
             # often shows up as silence, not as a closed connection.
             timeout=aiohttp.ClientTimeout(

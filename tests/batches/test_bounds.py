@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from batches.models import Batch, File, Line
 from batches.runner import Answer, _claim, _store_many
-from batches.services import _begin_ending, batch_finalize, batches_expire, batches_stuck
+from batches.selectors import batches_stuck
+from batches.services import _begin_ending, batch_finalize, batches_expire
 from batches.tasks import BATCH_QUEUE, _queued, _sweep, batch_run_task
 from tenants.services import api_key_create
 from tests.conftest import TenantPeople

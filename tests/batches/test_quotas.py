@@ -23,7 +23,9 @@ from django.utils import timezone
 from batches import quotas
 from batches.files import file_store_output, file_upload, files_expired_delete
 from batches.models import Batch, File, Line
-from batches.services import batch_create, batch_object, batch_validate, batches_purge
+from batches.services import batch_create, batches_purge
+from batches.validation import batch_validate
+from batches.wire import batch_object
 from inference.api.errors import ApiError
 from inference.catalog import catalog_publish
 from inference.services import model_ensure, pool_ensure

@@ -569,7 +569,7 @@ def test_ledger_equals_engine_counters(world: World) -> None:
     engine_generated = (
         after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     )
-    # Exact, except for the one known gap (README, Metering): closing the connection aborts
+    # Exact, except for the one known gap (docs/billing.md, Metering): closing the connection aborts
     # the sequence, and the decode steps in flight at that moment (the running one and the
     # one scheduled behind it) can add tokens that are counted but never streamed, so at
     # most two per cut-off stream (four here). Billing only what the clients read would

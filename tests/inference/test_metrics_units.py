@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -32,12 +31,9 @@ def test_a_stream_s_gaps_add_up_as_one_observation_each(monkeypatch: Any) -> Non
     counted = metrics.TokenGaps()
     for gap in gaps:
         counted.add(gap)
-    call: Any = SimpleNamespace(
-        route=SimpleNamespace(pool="online"), base_model="tiny-chat", parsed=None
-    )
-    counted.flush(call)
+    counted.flush(pool="online", model="tiny-chat")
     assert _samples(batched) == _samples(plain)
-    counted.flush(call)  # flushed once: nothing more
+    counted.flush(pool="online", model="tiny-chat")  # flushed once: nothing more
     assert _samples(batched) == _samples(plain)
 
 

@@ -21,10 +21,10 @@ from billing.models import UsageRecord
 from billing.spool import usage_spool_flush
 from inference.api.admission import queue_state
 from inference.api.auth import KeyInfo, key_info_from_db
+from inference.api.call import State
 from inference.api.consumers import SSE_DONE, sse_frame
 from inference.api.errors import ApiError
 from inference.api.lifecycle import Lifecycle, run_whole
-from inference.api.pipeline import State
 from inference.api.redis import redis_async
 from inference.api.schema import ParsedRequest
 from inference.api.seams import PassThrough, Screened

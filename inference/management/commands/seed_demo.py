@@ -113,7 +113,7 @@ class Command(BaseCommand):
                 raise CommandError(f"pool {pool}: {validation_message(exc)}") from None
             if new and kind == "spot":
                 # Twice the engine's 64 sequences: it always holds the next lines queued
-                # (README, Batches). An operator's later setting is left alone.
+                # (docs/batches.md). An operator's later setting is left alone.
                 pool_configure(pool=made, max_inflight=128)
         if options["guard_url"]:
             # The tiny guard classifier (moderation's third backend), on a pool of its own.

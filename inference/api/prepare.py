@@ -1,0 +1,292 @@
+"""Everything before the engine: validate, resolve the model, take the limits, run the
+guard's rules, wait for admission to a replica. ``prepare`` returns the ``Call`` the other
+phases take; an ``ApiError`` here leaves nothing held."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from redis.exceptions import RedisError
+
+from billing.pricing import price_of
+from contract import (
+    Catalog,
+    CatalogPool,
+    Servable,
+    UsageRecord,
+    price_in_force,
+)
+from controlplane.logs import request_id_new, request_id_var
+from inference.api import limits, metrics
+from inference.api.admission import CatalogMissing, admission
+from inference.api.auth import KeyInfo
+from inference.api.call import Adapter, Call, Route, State
+from inference.api.catalog import catalog_view
+from inference.api.errors import ApiError, invalid_request, model_not_found, overloaded
+from inference.api.salt import cache_salt, salted_prefix
+from inference.api.schema import (
+    ParsedRequest,
+    check_content_parts,
+    check_max_tokens,
+    parse_request,
+    upstream_body,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COMPLETION_ESTIMATE = 256  # tokens assumed when max_tokens is not given
+
+
+# What runs before admission (``prepare``): (the request's id, the request as validated) ->
+# None to let it queue for a replica, or the refusal the client gets.
+Screen = Callable[[str, ParsedRequest], Awaitable[str | None]]
+
+
+def _resolve(
+    catalog: Catalog, name: str, key: KeyInfo, pool: str | None = None
+) -> tuple[str, Servable, Adapter | None]:
+    """(pool, what the tenant calls, adapter) for the ``model`` a request names
+    (``Catalog.callable`` decides what a tenant may call): for a routed name (a canary), the
+    target this request drew, which it keeps to its end. ``pool`` names the pool to run on
+    instead of the model's online one (a batch line on a spot pool)."""
+    target = catalog.route(name, random.random())  # noqa: S311 (a traffic split, not a secret)
+    found = catalog.callable(target, key.tenant_id, routed=False)
+    if found is None:
+        raise model_not_found(name)
+    if found.model.task != "generate":
+        raise invalid_request(
+            f"`{name}` is a classification model: it moderates text (POST /v1/moderations), "
+            "it does not write any.",
+            param="model",
+        )
+    adapter = None
+    if found.adapter is not None:
+        if not found.adapter.path:
+            raise ApiError(
+                503,
+                f"`{name}` cannot be loaded onto the engines: adapter storage has no "
+                "local files (see docs/adapters.md on adapter storage).",
+                type="server_error",
+                code="adapter_unavailable",
+            )
+        engine_name = found.adapter.engine_name
+        adapter = Adapter(
+            engine_name=engine_name,
+            label=engine_name.rpartition("/")[2],
+            path=found.adapter.path,
+        )
+    if pool is not None:
+        given = catalog.pools.get(pool)
+        if given is None or given.model != found.base:
+            raise ApiError(
+                503, f"Pool `{pool}` does not serve `{name}`.", type="server_error", code="no_pool"
+            )
+        return pool, found, adapter
+    if found.pool is None:
+        raise ApiError(
+            503, f"No online pool serves `{name}` right now.", type="server_error", code="no_pool"
+        )
+    return found.pool, found, adapter
+
+
+async def prepare(
+    *,
+    key: KeyInfo,
+    raw_body: bytes,
+    endpoint: str,
+    pool: str | None = None,
+    mode: str = "online",
+    ledger: Callable[[UsageRecord], None] | None = None,
+    whole: bool = False,
+    rid: str = "",
+    screen: Screen | None = None,
+) -> Call:
+    """Everything before the engine, for a request whose key was authenticated; on the
+    model's online pool, or on ``pool`` (by name) when given. ``mode``, ``ledger`` and
+    ``whole``: see ``Call``; ``rid``: the request's id, if the transport made it already.
+
+    ``screen`` runs once the limits are taken (a refused request still counts toward the
+    key's request rate) and before admission: what it refuses never waits for a replica.
+    The call it refused comes back ``FILTERED``, holding no slot, its refusal as its error
+    (the caller settles it: a ledger record with no tokens)."""
+    t0 = time.perf_counter()
+    started_at = datetime.now(UTC)
+    parsed = parse_request(raw_body, endpoint)
+    view = catalog_view()
+    catalog = await view.for_tenant(key.tenant_id)
+    pool_name, found, adapter = _resolve(catalog, parsed.model, key, pool)
+    model = found.model
+    pool_info = catalog.pools[pool_name]
+    _check_fits(parsed, pool_info.max_inflight)
+    check_content_parts(
+        parsed,
+        images=model.accepts_images,
+        audio=model.accepts_audio,
+        url_domains=settings.INFERPLANE_MEDIA_URL_DOMAINS,
+    )
+    max_tokens = check_max_tokens(
+        parsed,
+        context_length=model.context_length,
+        tenant_cap=key.limit("max_tokens_per_request"),
+    )
+    # The id the transport made for this request (its early answers carried it), else a new
+    # one; from here on every line this task logs carries it (controlplane.logs).
+    if rid:
+        request_id_var.set(rid)
+    else:
+        rid = request_id_new()
+    salt = cache_salt(key.tenant_id, parsed.body.get("cache_salt"))
+    served_name = adapter.engine_name if adapter else model.served_name
+    # Before anything is held: a body the engine cannot be sent is refused with nothing to
+    # give back.
+    body = upstream_body(
+        parsed, served_name=served_name, max_tokens=max_tokens, cache_salt=salt, whole=whole
+    )
+    completion_estimate = parsed.sequences * (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
+    rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=started_at.timestamp())
+    grant = await limits.acquire(
+        key,
+        rid=rid,
+        estimate=parsed.prompt_estimate + completion_estimate,
+        sequences=parsed.sequences,
+        estimated_cost=price_of(
+            rates,
+            prompt_tokens=parsed.prompt_estimate,
+            completion_tokens=completion_estimate,
+            batch=mode == "batch",
+        ),
+    )
+    queued_at = time.perf_counter()
+    refusal: str | None = None
+    try:
+        if screen is not None:
+            refusal = await screen(rid, parsed)
+        replica = (
+            ""  # refused: never admitted, never sent
+            if refusal is not None
+            else await _admit(
+                view,
+                pool_name,
+                pool_info,
+                rid,
+                key,
+                parsed,
+                grant,
+                adapter,
+                salted_prefix(salt, parsed.prefix_hash),
+            )
+        )
+    except BaseException:
+        await asyncio.shield(_release_quietly(grant))
+        raise
+    # A replica newer than our copy of the catalog.
+    if replica and replica not in pool_info.replicas:
+        try:
+            await view.refresh()
+        except BaseException:  # the slot is ours already: give it back with the limits
+            await asyncio.shield(_give_back(pool_name, rid, grant))
+            raise
+        pool_info = (view.data or catalog).pools.get(pool_name, pool_info)
+    call = Call(
+        rid=rid,
+        key=key,
+        parsed=parsed,
+        route=Route(
+            pool=pool_name,
+            replicas=pool_info.replicas,
+            replica=replica,
+            max_loras=pool_info.max_loras,
+        ),
+        served_name=served_name,
+        grant=grant,
+        body=body,
+        started_at=started_at,
+        t0=t0,
+        headers=[(b"x-request-id", rid.encode()), *grant.headers],
+        rates=rates,
+        base_model=found.base,
+        adapter=adapter,
+        routed_name=parsed.model if parsed.model in catalog.routes else "",
+        mode=mode,
+        ledger=ledger,
+        whole=whole,
+    )
+    if refusal is not None:
+        call.fail(refusal, outcome=State.FILTERED)
+        return call
+    call.queue_wait = time.perf_counter() - queued_at
+    metrics.queue_waited(pool=pool_name, tenant_slug=key.tenant_slug, seconds=call.queue_wait)
+    return call
+
+
+def _check_fits(parsed: ParsedRequest, capacity: int) -> None:
+    """A request is as many sequences as the engine will run for it (prompts x n); one that
+    a replica cannot run at once would hold a whole replica, or wait forever: refused."""
+    if parsed.sequences > capacity:
+        shape = f"{parsed.prompts} prompts x n={parsed.sequences // parsed.prompts}"
+        raise invalid_request(
+            f"This request runs {parsed.sequences} sequences at once ({shape}); a replica "
+            f"of this model runs at most {capacity}. Send fewer prompts or a smaller n.",
+            param="n" if parsed.prompts == 1 else "prompt",
+            code="request_too_large",
+        )
+
+
+async def _admit(
+    view: Any,
+    pool_name: str,
+    pool: CatalogPool,
+    rid: str,
+    key: KeyInfo,
+    parsed: ParsedRequest,
+    grant: limits.Grant,
+    adapter: Adapter | None,
+    prefix: str,
+) -> str:
+    """Admitted to a replica of the pool; ``prefix``: the request's salted prefix hash, for
+    prefix-affine routing within the tenant's own cache partition."""
+    for attempt in range(2):
+        try:
+            return await admission().admit(
+                pool=pool_name,
+                rid=rid,
+                tenant=key.tenant_id,
+                weight=key.weight,
+                prompt_estimate=parsed.prompt_estimate,
+                prefix=prefix,
+                wait_seconds=pool.max_queue_wait_seconds,
+                limit_keys=grant.conc_keys,
+                limit_member=grant.member,
+                adapter=adapter.engine_name if adapter else "",
+                sequences=parsed.sequences,
+            )
+        except CatalogMissing:
+            if attempt:
+                break
+            await view.refresh(republish=True)
+        except RedisError:
+            log.warning("admission unavailable", exc_info=True)
+            break
+    raise overloaded(2, "Admission is unavailable for a moment. Retry shortly.")
+
+
+async def _give_back(pool: str, rid: str, grant: limits.Grant) -> None:
+    try:
+        await admission().complete(pool=pool, rid=rid, adjustment=0)
+    except RedisError:
+        log.warning("could not give back the slot of %s", rid, exc_info=True)
+    await _release_quietly(grant)
+
+
+async def _release_quietly(grant: limits.Grant) -> None:
+    try:
+        await grant.release(0)
+    except RedisError:
+        log.warning("could not release limits of %s", grant.rid, exc_info=True)
