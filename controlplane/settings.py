@@ -1,4 +1,4 @@
-"""Django settings for Inferplane, read from the environment (see README, "Configuration").
+"""Django settings for Inferplane, read from the environment (see docs/configuration.md).
 
 Two modes: ``INFERPLANE_ENV=development`` (the default; what ``make run`` and the tests use)
 works with no configuration at all; ``INFERPLANE_ENV=production`` refuses to start without a
@@ -446,7 +446,7 @@ if INFERPLANE_DNS_NAMESERVER and not re.fullmatch(
         "or [v6-address]:port"
     )
 INFERPLANE_MAX_BODY_BYTES = env_int("INFERPLANE_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024)
-# The gateway and the engines (README, "Timeouts and limits"). First byte: from sending a
+# The gateway and the engines (docs/api.md, "Timeouts and limits"). First byte: from sending a
 # request to the engine's first token (a long prefill on a busy GPU takes seconds, never a
 # minute); a replica that stays silent longer is treated as failed and the request goes to
 # another. Stall: the longest silence mid-stream before the stream is ended as failed

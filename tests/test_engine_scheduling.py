@@ -1,11 +1,11 @@
 """The local engine yields the CPU to the gateway however it is started.
 
 On two shared cores a busy vLLM CPU engine at full weight stalls the gateway for seconds
-(README, "The local engines"). ``scripts/engine.sh`` lowers its scheduling weight; these
-tests start it each way a person or a tool does — ``make run``'s process manager (honcho, on
-the Procfile's own line), the test fixtures and the benchmarks, and ``setsid`` — and read the
-kernel's view of the engine process. They stop it as soon as it exists (no need to wait
-for the model to load).
+(docs/development.md, "The local engines"). ``scripts/engine.sh`` lowers its scheduling
+weight; these tests start it each way a person or a tool does — ``make run``'s process
+manager (honcho, on the Procfile's own line), the test fixtures and the benchmarks, and
+``setsid`` — and read the kernel's view of the engine process. They stop it as soon as it
+exists (no need to wait for the model to load).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def test_reconciliation_catches_a_dropped_record(world: World) -> None:
     code, rows = _reconcile(since)
     row = rows[0]
     assert (row["prompt_diff"], row["records"]) == ("0", "4"), rows
-    # Exact but for the one documented gap (README, Metering): the decode steps in flight
+    # Exact but for the one documented gap (docs/billing.md, Metering): the decode steps in flight
     # when the client left (the running one and the one scheduled behind it) can add up to
     # two tokens the engine counted and never streamed.
     gap = int(row["generation_diff"])
