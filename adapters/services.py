@@ -23,7 +23,7 @@ from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
 from adapters import validation
-from adapters.signals import adapter_deleted, adapter_ready
+from adapters.signals import adapter_deleted, adapter_ready, adapter_uploaded
 from inference.models import Model
 from tenants.models import Adapter, Tenant, User, adapter_name_validator
 from tenants.services import audit_record
@@ -80,9 +80,8 @@ def adapter_upload(
         target=adapter,
         details={"name": name, "version": adapter.version, "bytes": size},
     )
-    from adapters.tasks import adapter_validate_task
-
-    transaction.on_commit(lambda: adapter_validate_task.delay(adapter.pk))
+    pk = adapter.pk
+    transaction.on_commit(lambda: adapter_uploaded.send(sender=Adapter, adapter_id=pk))
     return adapter
 
 

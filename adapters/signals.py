@@ -7,3 +7,7 @@ from django.dispatch import Signal
 # catalog must change. ``adapter=`` the Adapter row.
 adapter_ready = Signal()
 adapter_deleted = Signal()
+# A version was uploaded and waits for its validation (sent once the upload is committed;
+# ``adapters.tasks`` queues it: the tasks import the services, never the other way).
+# ``adapter_id=``.
+adapter_uploaded = Signal()

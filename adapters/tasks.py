@@ -4,8 +4,10 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.dispatch import receiver
 
 from adapters.services import adapter_reject, adapter_validate, adapters_stuck_reject
+from adapters.signals import adapter_uploaded
 from tenants.models import Adapter
 
 logger = logging.getLogger(__name__)
@@ -58,3 +60,9 @@ def adapter_validate_task(self: Any, adapter_id: int) -> None:
 @shared_task(ignore_result=True)
 def adapters_stuck_reject_task() -> int:
     return adapters_stuck_reject()
+
+
+@receiver(adapter_uploaded)
+def _uploaded(sender: Any, *, adapter_id: int, **_: Any) -> None:
+    """An upload committed: its validation is queued."""
+    adapter_validate_task.delay(adapter_id)

@@ -16,8 +16,8 @@ from typing import Any
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
-from inference.api.auth import authenticate
-from inference.api.errors import ApiError
+from inference.gateway.auth import authenticate
+from inference.gateway.errors import ApiError
 from tenants.models import ApiKey
 
 Scope = MutableMapping[str, Any]

@@ -24,7 +24,7 @@ from django.utils.http import content_disposition_header
 
 from batches import quotas
 from batches.models import File
-from inference.api.errors import ApiError, invalid_request
+from inference.gateway.errors import ApiError, invalid_request
 from tenants.models import Tenant
 
 PURPOSES_UPLOADED = {File.Purpose.BATCH}

@@ -12,7 +12,7 @@ import orjson
 from django.db.models import Sum
 
 from batches.models import Batch, File
-from inference.api.errors import ApiError
+from inference.gateway.errors import ApiError
 from tenants.models import Tenant
 
 MIB = 1024 * 1024

@@ -44,11 +44,11 @@ from batches.wire import ENDPOINTS, error_body
 from billing.services import usage_records_insert
 from contract import UsageRecord
 from controlplane.redis import redis_sync
-from inference.api.auth import KeyInfo, key_info_from_db
-from inference.api.db import run_db
-from inference.api.errors import invalid_api_key
-from inference.api.lifecycle import run_whole
 from inference.catalog import catalog_read
+from inference.gateway.auth import KeyInfo, key_info_from_db
+from inference.gateway.db import run_db
+from inference.gateway.errors import invalid_api_key
+from inference.gateway.lifecycle import run_whole
 
 log = logging.getLogger(__name__)
 

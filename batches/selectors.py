@@ -11,7 +11,7 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from batches.models import Batch, Line
-from inference.api.errors import ApiError
+from inference.gateway.errors import ApiError
 from tenants.models import Tenant
 
 

@@ -23,8 +23,9 @@ from batches.files import file_get
 from batches.models import Batch, File, Line
 from batches.results import write_files, write_files_of
 from batches.selectors import batch_line_counts, batch_usage
+from batches.signals import batch_files_waiting, batch_work_waiting
 from batches.wire import ENDPOINTS, error_body
-from inference.api.errors import ApiError, invalid_request
+from inference.gateway.errors import ApiError, invalid_request
 from tenants.models import ApiKey
 
 log = logging.getLogger(__name__)
@@ -137,14 +138,9 @@ def _replayed(seen: Batch, fingerprint: str) -> Batch:
 
 
 def batch_wake(batch_id: str, *, validate: bool = False) -> None:
-    """Queue the batch's validation or a run; if the broker cannot take it now, the sweeper
-    will (the change that asked for it is committed either way)."""
-    from batches.tasks import batch_run_task, batch_validate_task
-
-    try:
-        (batch_validate_task if validate else batch_run_task).delay(batch_id)
-    except Exception:
-        log.warning("could not queue work for %s: the sweeper will", batch_id, exc_info=True)
+    """Ask for the batch's validation or a run (``batches.tasks`` queues it; run it from
+    ``transaction.on_commit``)."""
+    batch_work_waiting.send(sender=Batch, batch_id=batch_id, validate=validate)
 
 
 def batch_cancel(*, batch: Batch) -> Batch:
@@ -196,12 +192,7 @@ def batches_expire() -> int:
 
 
 def _finalize_later(batch_id: str) -> None:
-    from batches.tasks import batch_finalize_task
-
-    try:
-        batch_finalize_task.delay(batch_id)
-    except Exception:
-        log.warning("could not queue the files of %s: the sweeper will", batch_id, exc_info=True)
+    batch_files_waiting.send(sender=Batch, batch_id=batch_id)
 
 
 def batch_finish_if_done(*, batch_id: str) -> bool:

@@ -7,18 +7,23 @@ goes to the tenant whose turn it is, whichever batch's message woke the worker
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import current_app, shared_task
+from django.dispatch import receiver
 
 from batches.files import files_expired_delete
 from batches.gauges import batch_gauges_store
 from batches.models import Batch
 from batches.selectors import batches_stuck
 from batches.services import batch_finalize, batch_finish_if_done, batches_expire, batches_purge
+from batches.signals import batch_files_waiting, batch_work_waiting
 from batches.turns import run_turn, validation_turn
 
 BATCH_QUEUE = "batch"  # the batch work's queue (CELERY_TASK_ROUTES)
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=True)
@@ -90,3 +95,21 @@ def _queued(queue: str) -> int:
             return int(declared.message_count)
     except Exception:  # no such queue yet, or the broker is away: wake every batch
         return 0
+
+
+# What the services ask for once their change is committed (``batches.signals``). If the
+# broker cannot take a message now, the sweeper will (the change is committed either way).
+@receiver(batch_work_waiting)
+def _work_waiting(sender: Any, *, batch_id: str, validate: bool, **_: Any) -> None:
+    try:
+        (batch_validate_task if validate else batch_run_task).delay(batch_id)
+    except Exception:
+        log.warning("could not queue work for %s: the sweeper will", batch_id, exc_info=True)
+
+
+@receiver(batch_files_waiting)
+def _files_waiting(sender: Any, *, batch_id: str, **_: Any) -> None:
+    try:
+        batch_finalize_task.delay(batch_id)
+    except Exception:
+        log.warning("could not queue the files of %s: the sweeper will", batch_id, exc_info=True)

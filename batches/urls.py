@@ -3,13 +3,13 @@
 
 from django.urls import path
 
-from batches import views
+from batches import v1
 
 urlpatterns = [
-    path("v1/files", views.files, name="v1-files"),
-    path("v1/files/<str:file_id>", views.file_detail, name="v1-file"),
-    path("v1/files/<str:file_id>/content", views.file_content, name="v1-file-content"),
-    path("v1/batches", views.batches, name="v1-batches"),
-    path("v1/batches/<str:batch_id>", views.batch_detail, name="v1-batch"),
-    path("v1/batches/<str:batch_id>/cancel", views.batch_cancel, name="v1-batch-cancel"),
+    path("v1/files", v1.files, name="v1-files"),
+    path("v1/files/<str:file_id>", v1.file_detail, name="v1-file"),
+    path("v1/files/<str:file_id>/content", v1.file_content, name="v1-file-content"),
+    path("v1/batches", v1.batches, name="v1-batches"),
+    path("v1/batches/<str:batch_id>", v1.batch_detail, name="v1-batch"),
+    path("v1/batches/<str:batch_id>/cancel", v1.batch_cancel, name="v1-batch-cancel"),
 ]

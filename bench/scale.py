@@ -173,7 +173,7 @@ def _big_catalog(tenants: int, adapters: int, versions: int) -> Any:
 
 
 def _gateway_connections(redis: Any, pid: int) -> list[dict[str, Any]]:
-    """The Redis connections of one web process (named by ``inference.api.redis``)."""
+    """The Redis connections of one web process (named by ``inference.gateway.redis``)."""
     return [c for c in redis.client_list() if str(c.get("name", "")).endswith(f"-{pid}")]
 
 

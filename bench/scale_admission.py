@@ -2,7 +2,7 @@
 as tenants and keys grow. Called by ``bench.scale``; each function returns a dict of figures.
 
 ``admission(quick, redis_url)``: the gateway's own admission scripts (ENQUEUE and COMPLETE
-of ``inference.api.admission``, called through the project's ``Script`` and ``Batch`` with
+of ``inference.gateway.admission``, called through the project's ``Script`` and ``Batch`` with
 ``Admission``'s argument layout) driven flat out against one Redis database by simulated web
 processes (8, each with its grant listener, BLPOP as ``Admission._listen`` does, and 4
 request loops). One VTC pool of 4 replicas x 16 sequences, written as ``catalog_publish``
@@ -25,7 +25,7 @@ BACKFILL_SCAN tenants). Then the limits scripts (ACQUIRE and RELEASE, through
 ``limits.acquire`` and ``Grant.release_into``) on random tenants among 1,000 and 100,000
 (quick: 10,000), each tenant with rate, concurrency and monthly-budget limits.
 
-``keys(quick, database_url, redis_url)``: ``authenticate`` (``inference.api.auth``) over
+``keys(quick, database_url, redis_url)``: ``authenticate`` (``inference.gateway.auth``) over
 1,000,000 keys (quick: 100,000; 10 keys per tenant), in a database of the bench's own (built
 with one ``INSERT ... SELECT generate_series``, kept while it holds exactly these rows: the
 ledger part of ``bench.scale`` empties the same tables): the in-process hit; the Redis hit
@@ -65,8 +65,8 @@ import redis.asyncio as aioredis
 from bench.harness import percentile
 
 if TYPE_CHECKING:
-    from inference.api.admission import Admission
-    from inference.api.auth import KeyInfo
+    from inference.gateway.admission import Admission
+    from inference.gateway.auth import KeyInfo
 
 POOL = "scale-bench"
 REPLICAS = 4
@@ -244,10 +244,10 @@ async def _admission_phase(
     tenants: int, redis_url: str, seconds: float, backlog: int
 ) -> dict[str, Any]:
     """One pool, ``tenants`` all backlogged, at least ``backlog`` requests outstanding."""
-    from inference.api.admission import COMPLETE, ENQUEUE, TICK, W_IN, W_OUT, Admission
-    from inference.api.lua import Batch
-    from inference.api.redis import redis_async
     from inference.catalog import pool_prefix
+    from inference.gateway.admission import COMPLETE, ENQUEUE, TICK, W_IN, W_OUT, Admission
+    from inference.gateway.lua import Batch
+    from inference.gateway.redis import redis_async
 
     admin = redis.Redis.from_url(redis_url)
     admin.flushdb()
@@ -391,10 +391,10 @@ async def _admission_phase(
 
 
 async def _limits_phase(tenants: int, redis_url: str, seconds: float) -> dict[str, Any]:
-    from inference.api.auth import KeyInfo
-    from inference.api.limits import ACQUIRE, RELEASE, _month, _scopes, _seconds_to_next_month
-    from inference.api.limits import acquire as limits_acquire
-    from inference.api.lua import Batch
+    from inference.gateway.auth import KeyInfo
+    from inference.gateway.limits import ACQUIRE, RELEASE, _month, _scopes, _seconds_to_next_month
+    from inference.gateway.limits import acquire as limits_acquire
+    from inference.gateway.lua import Batch
     from tenants.keys import LAST_USED_KEY
 
     admin = redis.Redis.from_url(redis_url)
@@ -628,7 +628,7 @@ def _populate(keys: int) -> dict[str, Any]:
 
 def _info_of(g: int, tenants: int) -> KeyInfo:
     """Key ``g`` as ``key_info_from_db`` makes it (checked against the database below)."""
-    from inference.api.auth import KeyInfo
+    from inference.gateway.auth import KeyInfo
 
     tenant = 1 + g % tenants
     return KeyInfo(
@@ -651,8 +651,8 @@ def _used_memory(client: redis.Redis) -> int:
 
 
 async def _keys_measure(keys: int, redis_url: str, quick: bool) -> dict[str, Any]:
-    from inference.api import auth
-    from inference.api.db import run_db
+    from inference.gateway import auth
+    from inference.gateway.db import run_db
     from inference.keycache import ENTRY_SECONDS, KEY_ENTRY, TENANT_KEYS
 
     tenants = keys // KEYS_PER_TENANT

@@ -1,6 +1,6 @@
 """The gateway's notes that a monthly budget crossed 80%: billing's inbox, in Redis.
 
-The gateway's limits script (``inference/api/lua/limits/``) pushes one note per crossing onto
+The gateway's limits script (``inference/gateway/lua/limits/``) pushes one note per crossing onto
 ``BUDGET_WARNINGS`` as ``kind|t or k|id|YYYYMM|used|limit``; ``billing.services.
 budget_warnings_flush`` (Celery beat) takes them off and turns each into an audit event.
 Billing owns the key and the format; the gateway only writes to it.

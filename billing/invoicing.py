@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from billing.models import Invoice, InvoiceLine, UsageRecord
 from billing.selectors import ledger_sums
+from billing.signals import invoice_finalized, invoice_voided
 from tenants.models import Tenant, User
 from tenants.services import audit_record
 
@@ -127,10 +128,10 @@ def invoice_finalize(*, tenant: Tenant, period_start: date, actor: User | None) 
             details={"period": f"{period_start:%Y-%m}", "total_cents": invoice.total_cents},
         )
         if invoice.total_cents > 0:
-            from billing.tasks import invoice_stripe_push_task
-
             invoice_id = invoice.pk
-            transaction.on_commit(lambda: invoice_stripe_push_task.delay(invoice_id))
+            transaction.on_commit(
+                lambda: invoice_finalized.send(sender=Invoice, invoice_id=invoice_id)
+            )
     return invoice
 
 
@@ -174,8 +175,8 @@ def invoice_void(*, invoice: Invoice, actor: User | None) -> Invoice:
         invoice.save(update_fields=["status", "voided_at"])
         audit_record(actor=actor, tenant=invoice.tenant, action="invoice.void", target=invoice)
         if invoice.stripe_invoice_id:
-            from billing.tasks import invoice_stripe_void_task
-
             invoice_id = invoice.pk
-            transaction.on_commit(lambda: invoice_stripe_void_task.delay(invoice_id))
+            transaction.on_commit(
+                lambda: invoice_voided.send(sender=Invoice, invoice_id=invoice_id)
+            )
     return invoice

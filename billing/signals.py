@@ -4,3 +4,8 @@ from django.dispatch import Signal
 
 # A price was set: the serving catalog, which the gateway prices spend budgets with, is stale.
 prices_changed = Signal()
+# An invoice was finalized with something to pay, or voided after it went to Stripe: the
+# Stripe side follows (sent once the change is committed; ``billing.tasks`` queues it, the
+# tasks importing the services and never the other way). ``invoice_id=``.
+invoice_finalized = Signal()
+invoice_voided = Signal()

@@ -1,7 +1,9 @@
 import logging
 from datetime import timedelta
+from typing import Any
 
 from celery import shared_task
+from django.dispatch import receiver
 from django.utils import timezone
 
 from billing.invoicing import invoices_finalize_month
@@ -11,6 +13,7 @@ from billing.services import (
     daily_usage_refresh_recent,
     daily_usage_refresh_stale,
 )
+from billing.signals import invoice_finalized, invoice_voided
 from billing.spool import usage_spool_flush
 from billing.stripe_sync import StripeNotConfigured, invoice_stripe_push, invoice_stripe_void
 
@@ -68,3 +71,13 @@ def invoices_finalize_last_month_task() -> int:
 @shared_task(ignore_result=True)
 def counter_snapshots_take_task() -> int:
     return counter_snapshots_take()
+
+
+@receiver(invoice_finalized)
+def _finalized(sender: Any, *, invoice_id: int, **_: Any) -> None:
+    invoice_stripe_push_task.delay(invoice_id)
+
+
+@receiver(invoice_voided)
+def _voided(sender: Any, *, invoice_id: int, **_: Any) -> None:
+    invoice_stripe_void_task.delay(invoice_id)

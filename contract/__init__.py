@@ -3,7 +3,7 @@ replicas, adapters, prices) and the usage record.
 
 The control plane builds the catalog from Postgres and publishes it to Redis as JSON
 (``inference.catalog``); every web process decodes it into these structures
-(``inference.api.catalog``), validated on the way in. The gateway writes one ``UsageRecord``
+(``inference.gateway.catalog``), validated on the way in. The gateway writes one ``UsageRecord``
 per request to the usage stream; billing decodes it into the same structure and stores it
 (``billing.spool``, ``billing.services``). Both sides use this module and nothing else to
 agree: it imports no app, and the layers contract in pyproject.toml keeps it at the bottom.

@@ -24,9 +24,9 @@ from controlplane.bodylimit import BoundedBody  # noqa: E402
 from controlplane.metrics import MetricsConsumer  # noqa: E402
 from controlplane.signedin import SignedInFirst  # noqa: E402
 from dashboard.consumers import OpsConsumer  # noqa: E402
-from inference.api.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
+from inference.gateway.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
 from moderation.classifier import classifier  # noqa: E402
-from moderation.consumers import ModerationsConsumer  # noqa: E402
+from moderation.v1 import ModerationsConsumer  # noqa: E402
 
 # The embedded moderation classifier loads in the background (about a second): the first
 # moderated request of this process does not wait for it.

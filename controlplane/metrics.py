@@ -3,7 +3,7 @@
 names tenants and their spend).
 
 Two kinds of series:
-- what the request path records in this process (``inference.api.metrics``): requests,
+- what the request path records in this process (``inference.gateway.metrics``): requests,
   errors, tokens, latencies, moderation. With several web processes they are summed over
   all of them (prometheus_client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``), so any
   process's scrape is the whole server's;
@@ -40,8 +40,8 @@ from batches.gauges import BatchGauges, batch_gauges_read
 from batches.runner import BATCH_LINES_KEY  # the workers count lines there (not scraped)
 from contract import Catalog
 from controlplane.redis import redis_sync
-from inference.api.admission import queue_state
 from inference.catalog import catalog_published, pool_prefix
+from inference.gateway.admission import queue_state
 from inference.models import Replica
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from knox.auth import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
 from controlplane.bodylimit import UPLOADS
-from inference.api.db import run_db
+from inference.gateway.db import run_db
 from tenants.models import User
 
 Scope = MutableMapping[str, Any]

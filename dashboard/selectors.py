@@ -12,11 +12,11 @@ from django.db.models import Q, QuerySet, Sum
 
 from billing.models import DailyUsage, UsageRecord
 from billing.selectors import rollup_sums
-from inference.api import metrics
-from inference.api.admission import queue_state
-from inference.api.limits import rejection_counts_key, rejections_key
-from inference.api.lora import adapters_held
 from inference.catalog import catalog_read
+from inference.gateway import metrics
+from inference.gateway.admission import queue_state
+from inference.gateway.limits import rejection_counts_key, rejections_key
+from inference.gateway.lora import adapters_held
 from inference.models import Pool
 from tenants.models import Tenant
 
@@ -104,7 +104,7 @@ def usage_models(*, tenant: Tenant, since: date) -> list[str]:
     )
 
 
-SPARK_WINDOWS = 30  # the last five minutes, in the windows of inference.api.metrics
+SPARK_WINDOWS = 30  # the last five minutes, in the windows of inference.gateway.metrics
 SPARK_WIDTH, SPARK_HEIGHT = 150, 28
 
 

@@ -45,7 +45,7 @@ from dashboard import forms, selectors
 from dashboard.access import page_access, page_user
 from inference import selectors as inference_selectors
 from inference import services as inference_services
-from inference.api.errors import ApiError
+from inference.gateway.errors import ApiError
 from moderation import selectors as moderation_selectors
 from moderation import services as moderation_services
 from moderation.categories import CATEGORIES

@@ -37,12 +37,12 @@ log = logging.getLogger(__name__)
 
 CATALOG_KEY = "ip:catalog"
 # Bumped by a publish that changed something: web processes poll this small key and fetch
-# the snapshot only when it moved (inference.api.catalog). The digest says what was last
+# the snapshot only when it moved (inference.gateway.catalog). The digest says what was last
 # published, so a health probe round that changed nothing costs the gateways nothing.
 CATALOG_VERSION_KEY = "ip:catalog:version"
 CATALOG_DIGEST_KEY = "ip:catalog:digest"
 # Where a publish that changed something is announced (the new version): web processes
-# subscribe (inference.api.watch) instead of polling the version.
+# subscribe (inference.gateway.watch) instead of polling the version.
 CATALOG_CHANNEL = "ip:catalog:changed"
 # The adapters are not in the snapshot but in parts, one per tenant (a hash: tenant id ->
 # its adapters), which a web process fetches when that tenant first calls and again only

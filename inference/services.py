@@ -23,11 +23,11 @@ from redis.exceptions import RedisError
 
 from adapters.services import adapter_files_remove
 from controlplane.redis import redis_sync
-from inference.api.admission import adapter_in_use
-from inference.api.lora import RECONCILE
 from inference.catalog import adapters_held_key, catalog_publish, pool_prefix
 from inference.engine_auth import engine_auth_headers
 from inference.engine_metrics import engine_metrics_parse
+from inference.gateway.admission import adapter_in_use
+from inference.gateway.lora import RECONCILE
 from inference.models import (
     Model,
     ModelRoute,

@@ -7,7 +7,7 @@ class ModerationConfig(AppConfig):
 
     def ready(self) -> None:
         # Every request the gateway serves goes through its tenant's policy from now on.
-        from inference.api.seams import guard_source_set
-        from moderation.gateway import guard_source
+        from inference.gateway.seams import guard_source_set
+        from moderation.guard import guard_source
 
         guard_source_set(guard_source)

@@ -22,11 +22,11 @@ import orjson
 from redis.exceptions import RedisError
 
 from contract import CatalogModel, CatalogPool
-from inference.api.admission import W_IN, Admission, CatalogMissing, admission
-from inference.api.catalog import catalog_view
-from inference.api.errors import ApiError
-from inference.api.upstream import TRANSPORT_ERRORS, engine_session
 from inference.engine_auth import engine_auth_headers
+from inference.gateway.admission import W_IN, Admission, CatalogMissing, admission
+from inference.gateway.catalog import catalog_view
+from inference.gateway.errors import ApiError
+from inference.gateway.upstream import TRANSPORT_ERRORS, engine_session
 from inference.models import Replica
 from moderation import classifier
 from moderation.categories import CATEGORIES
@@ -43,7 +43,7 @@ class GuardFailed(Exception):
 @dataclass(slots=True)
 class GuardUse:
     """What one request's checks cost the guard pool: the prompt tokens its engines counted
-    (their own usage reports), for the ledger (``moderation.gateway``, ``/v1/moderations``)."""
+    (their own usage reports), for the ledger (``moderation.guard``, ``/v1/moderations``)."""
 
     tokens: int = 0
     pool: str = ""

@@ -71,7 +71,7 @@ def mask(text: str, spans: list[tuple[str, int, int]]) -> str:
 
 
 class Rules:
-    """One policy's rules, compiled once per policy version (``moderation.gateway``)."""
+    """One policy's rules, compiled once per policy version (``moderation.guard``)."""
 
     def __init__(self, spec: PolicySpec) -> None:
         self.automaton: ahocorasick.Automaton | None = None

@@ -23,7 +23,6 @@ from contract import (
     price_in_force,
 )
 from controlplane.redis import channel, redis_sync
-from inference.api.catalog import CatalogView
 from inference.catalog import (
     CATALOG_CHANNEL,
     CATALOG_KEY,
@@ -31,6 +30,7 @@ from inference.catalog import (
     catalog_build,
     catalog_publish,
 )
+from inference.gateway.catalog import CatalogView
 from inference.models import Model
 from inference.services import model_ensure, pool_ensure
 from tenants.models import Adapter, Tenant

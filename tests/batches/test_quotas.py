@@ -26,8 +26,8 @@ from batches.models import Batch, File, Line
 from batches.services import batch_create, batches_purge
 from batches.validation import batch_validate
 from batches.wire import batch_object
-from inference.api.errors import ApiError
 from inference.catalog import catalog_publish
+from inference.gateway.errors import ApiError
 from inference.services import model_ensure, pool_ensure
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_limits_update

@@ -6,7 +6,7 @@ import pytest
 
 from controlplane.redis import redis_sync
 from dashboard.selectors import _spark, ops_sparklines
-from inference.api import metrics
+from inference.gateway import metrics
 from inference.models import Model, ModelRoute
 from inference.services import model_ensure, pool_ensure
 from tenants.models import Tenant

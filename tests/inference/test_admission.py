@@ -9,11 +9,11 @@ from collections import Counter
 
 import pytest
 
-from inference.api import admission as admission_module
-from inference.api.admission import W_OUT, Admission, CatalogMissing
-from inference.api.errors import ApiError
-from inference.api.redis import redis_async
 from inference.catalog import pool_prefix
+from inference.gateway import admission as admission_module
+from inference.gateway.admission import W_OUT, Admission, CatalogMissing
+from inference.gateway.errors import ApiError
+from inference.gateway.redis import redis_async
 
 POOL = "sim"
 BASE = pool_prefix(POOL)

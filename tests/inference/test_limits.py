@@ -9,9 +9,9 @@ import uuid
 import pytest
 from asgiref.sync import sync_to_async
 
-from inference.api import limits
-from inference.api.auth import KeyInfo, key_info_from_db
-from inference.api.errors import ApiError
+from inference.gateway import limits
+from inference.gateway.auth import KeyInfo, key_info_from_db
+from inference.gateway.errors import ApiError
 from tenants.services import api_key_create, tenant_create
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,12 +1,12 @@
-"""The Lua helper (inference/api/lua.py) against real Redis: scripts load from their files
+"""The Lua helper (inference/gateway/lua.py) against real Redis: scripts load from their files
 with the shared prelude, and a batch survives a Redis that lost its scripts (a restart) by
 loading them and running again exactly what failed — never a command twice."""
 
 from __future__ import annotations
 
-from inference.api import admission, limits, lora
-from inference.api.lua import LUA_DIR, Batch, Script
-from inference.api.redis import redis_async
+from inference.gateway import admission, limits, lora
+from inference.gateway.lua import LUA_DIR, Batch, Script
+from inference.gateway.redis import redis_async
 
 
 def test_every_script_file_is_used_and_has_the_shared_clock() -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from inference.api import metrics
-from inference.api.errors import ERROR_KINDS, ApiError, overloaded
+from inference.gateway import metrics
+from inference.gateway.errors import ERROR_KINDS, ApiError, overloaded
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, str], float]:

@@ -25,8 +25,8 @@ from dnslib import AAAA, QTYPE, RCODE, RR, A
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
 from controlplane.redis import redis_sync
-from inference.api.admission import W_OUT, Admission
 from inference.catalog import CATALOG_KEY, catalog_publish, pool_prefix
+from inference.gateway.admission import W_OUT, Admission
 from inference.models import Pool, Replica
 from inference.services import (
     model_ensure,

@@ -1,4 +1,4 @@
-"""The answers' shapes (inference/api/responses.py), for what the tiny CPU model cannot make
+"""The answers' shapes (inference/gateway/responses.py), for what the tiny CPU model cannot make
 the engine produce: tool calls. The chunks are what vLLM streams for a tool call (an id, type
 and name first, then the arguments in pieces, then finish_reason "tool_calls"); the
 assembled answer and each cleaned chunk must match OpenAI's schema."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from inference.api.responses import Whole, clean
+from inference.gateway.responses import Whole, clean
 from tests import contract
 
 

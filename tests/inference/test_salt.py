@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference.api.salt import cache_salt, tenant_salt
+from inference.gateway.salt import cache_salt, tenant_salt
 
 
 def test_a_client_salt_narrows_and_never_replaces_the_tenants() -> None:

@@ -1,4 +1,4 @@
-"""The seams other legs plug into (inference.api.seams): an output filter, an input check and
+"""The seams other legs plug into (inference.gateway.seams): an output filter, an input check and
 a run without an HTTP request on a pool given by name — driven in-process, as their users
 (moderation, the batch worker) will drive them, against the session's real vLLM engine, real
 Redis and Postgres. The ledger is read after the spool's own flush (billing.spool)."""
@@ -19,17 +19,17 @@ from asgiref.sync import async_to_sync
 
 from billing.models import UsageRecord
 from billing.spool import usage_spool_flush
-from inference.api.admission import queue_state
-from inference.api.auth import KeyInfo, key_info_from_db
-from inference.api.call import State
-from inference.api.consumers import SSE_DONE, sse_frame
-from inference.api.errors import ApiError
-from inference.api.lifecycle import Lifecycle, run_whole
-from inference.api.redis import redis_async
-from inference.api.schema import ParsedRequest
-from inference.api.seams import PassThrough, Screened
-from inference.api.upstream import engine_session
 from inference.catalog import catalog_publish
+from inference.gateway.admission import queue_state
+from inference.gateway.auth import KeyInfo, key_info_from_db
+from inference.gateway.call import State
+from inference.gateway.errors import ApiError
+from inference.gateway.lifecycle import Lifecycle, run_whole
+from inference.gateway.redis import redis_async
+from inference.gateway.schema import ParsedRequest
+from inference.gateway.seams import PassThrough, Screened
+from inference.gateway.upstream import engine_session
+from inference.gateway.v1 import SSE_DONE, sse_frame
 from inference.models import Model, Replica
 from inference.services import pool_ensure, replica_probe
 from tenants.models import Tenant

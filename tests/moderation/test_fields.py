@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 import pytest
 
-from inference.api.auth import KeyInfo
-from inference.api.errors import ApiError
-from inference.api.schema import parse_request, upstream_body
+from inference.gateway.auth import KeyInfo
+from inference.gateway.errors import ApiError
+from inference.gateway.schema import parse_request, upstream_body
 from moderation.cascade import Cascade
-from moderation.gateway import Guarded, policy_view
+from moderation.guard import Guarded, policy_view
 from moderation.policy import PolicyInvalid, PolicySpec, policy_check, window_step
 from moderation.services import moderation_policy_set
 from tests.factories import TenantFactory

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from redis.exceptions import RedisError
 
 from controlplane.redis import channel
-from inference.api.redis import redis_async
+from inference.gateway.redis import redis_async
 
 log = logging.getLogger(__name__)
 

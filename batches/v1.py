@@ -19,7 +19,7 @@ from batches import files as file_services
 from batches import selectors, services, wire
 from batches.asgi import bearer, missing_api_key
 from batches.models import Batch, File
-from inference.api.errors import ApiError, invalid_api_key, invalid_request
+from inference.gateway.errors import ApiError, invalid_api_key, invalid_request
 from tenants.models import ApiKey
 from tenants.selectors import api_key_authenticate
 

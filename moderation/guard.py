@@ -1,5 +1,5 @@
 """Moderation on the request path: each web process's copy of the policies, and the guard a
-moderated request runs through (``inference.api.seams``: an input check beside the upstream
+moderated request runs through (``inference.gateway.seams``: an input check beside the upstream
 request, an output filter over its stream). Registered with the gateway when the app is
 ready (``moderation.apps``), so SSE, WebSocket, non-streamed answers and batch lines are all
 moderated the same way, and a tenant without a policy pays nothing.
@@ -38,14 +38,14 @@ from redis.exceptions import RedisError
 
 from billing.pricing import price_of
 from contract import UsageRecord, price_in_force
-from inference.api import metering, metrics
-from inference.api.auth import KeyInfo
-from inference.api.catalog import catalog_view
-from inference.api.db import run_db
-from inference.api.redis import redis_async
-from inference.api.schema import ParsedRequest
-from inference.api.seams import Chunk, GuardBuilder, InputCheck, Screened
-from inference.api.watch import watch_forever
+from inference.gateway import metering, metrics
+from inference.gateway.auth import KeyInfo
+from inference.gateway.catalog import catalog_view
+from inference.gateway.db import run_db
+from inference.gateway.redis import redis_async
+from inference.gateway.schema import ParsedRequest
+from inference.gateway.seams import Chunk, GuardBuilder, InputCheck, Screened
+from inference.gateway.watch import watch_forever
 from moderation import classifier
 from moderation.cascade import Assessment, Cascade, GuardUse
 from moderation.policy import SEVERITY, PolicySpec, Snapshot, snapshot_decoder, window_step
@@ -55,13 +55,13 @@ from moderation.services import EVENTS_STREAM
 
 log = logging.getLogger(__name__)
 
-QUIET_SECONDS = 60.0  # a look at the version without being told (inference.api.watch)
+QUIET_SECONDS = 60.0  # a look at the version without being told (inference.gateway.watch)
 MODEL_NAME = "inferplane-moderation"
 
 
 class PolicyView:
     """This process's policies, refreshed in the background when a publish announces a
-    change (``inference.api.watch``): one ``GET`` of the version, the snapshot fetched only
+    change (``inference.gateway.watch``): one ``GET`` of the version, the snapshot fetched only
     when it changed; rebuilt from Postgres when Redis has none. Compiled cascades are kept
     per (tenant, policy version)."""
 

@@ -13,9 +13,9 @@ import aiohttp
 import orjson
 from django.conf import settings
 
-from inference.api import responses
-from inference.api.call import Call
-from inference.api.catalog import catalog_view
+from inference.gateway import responses
+from inference.gateway.call import Call
+from inference.gateway.catalog import catalog_view
 
 WATCH_SECONDS = 1.0  # how often a wait for a whole answer looks at its replica's health
 

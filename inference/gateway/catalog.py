@@ -1,6 +1,6 @@
 """This process's copy of the serving catalog, kept fresh from Redis in the background
 (never per request), decoded into ``contract.Catalog``. ``catalog_publish`` announces each
-change on ``ip:catalog:changed:db<N>``; the process, subscribed (``inference.api.watch``), then
+change on ``ip:catalog:changed:db<N>``; the process, subscribed (``inference.gateway.watch``), then
 compares the version counter and fetches the snapshot only when it moved. So a change (a
 canary's weights, a replica drained) reaches every process within milliseconds, and an idle
 platform costs a process nothing between changes (one look at the version a minute).
@@ -16,9 +16,6 @@ import msgspec
 from redis.exceptions import RedisError
 
 from contract import Catalog, CatalogAdapter, catalog_decoder
-from inference.api.db import run_db
-from inference.api.redis import redis_async
-from inference.api.watch import watch_forever
 from inference.catalog import (
     ADAPTERS_KEY,
     ADAPTERS_SERIAL_KEY,
@@ -28,6 +25,9 @@ from inference.catalog import (
     adapters_part_decoder,
     catalog_publish,
 )
+from inference.gateway.db import run_db
+from inference.gateway.redis import redis_async
+from inference.gateway.watch import watch_forever
 
 log = logging.getLogger(__name__)
 

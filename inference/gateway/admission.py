@@ -21,7 +21,7 @@ so no request shape can put more work on an engine than its share.
 Admitting picks the backlogged tenant with the smallest counter, charges it
 ``w_in·prompt_estimate / weight`` and routes the request (least loaded replica; among
 near-least-loaded ones, rendezvous hashing of the prompt's prefix for cache affinity; for a
-LoRA adapter, the least loaded replica already holding it, see ``inference.api.lora``).
+LoRA adapter, the least loaded replica already holding it, see ``inference.gateway.lora``).
 Output tokens are charged as they stream (PROGRESS); COMPLETE reconciles the estimate with
 the engine's count, frees the slot and admits the next request. A tenant that becomes
 backlogged after being idle (nothing queued, nothing running) has its counter lifted to the
@@ -43,10 +43,10 @@ from typing import Any, cast
 
 from redis.exceptions import RedisError
 
-from inference.api.errors import overloaded
-from inference.api.lua import Batch, Script
-from inference.api.redis import redis_async
 from inference.catalog import pool_prefix
+from inference.gateway.errors import overloaded
+from inference.gateway.lua import Batch, Script
+from inference.gateway.redis import redis_async
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ IDLE_GRACE_MS = 1000  # a pause shorter than this between a tenant's requests is
 # waits for its room with nobody passing it; the next tenants looked at for one that fits.
 BACKFILL_MS = 2000
 BACKFILL_SCAN = 8
-# The Lua scripts' (inference/api/lua/admission/) numbers, from here.
+# The Lua scripts' (inference/gateway/lua/admission/) numbers, from here.
 _CONSTANTS = {
     "HOLD": HOLD_MS,
     "IDLE_GRACE": IDLE_GRACE_MS,

@@ -23,7 +23,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from inference.api.redis import redis_async
+from inference.gateway.redis import redis_async
 
 LUA_DIR = Path(__file__).with_name("lua")
 

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from inference.api.errors import ApiError, invalid_request
+from inference.gateway.errors import ApiError, invalid_request
 
 PosInt = Annotated[StrictInt, Field(ge=1, le=10_000_000)]
 # Prompts in one /v1/completions request. Every prompt x n is a sequence the engine runs at
@@ -89,7 +89,7 @@ class SamplingParams(_Strict):
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    # Narrows the tenant's own prefix-cache partition (inference.api.salt), never widens it.
+    # Narrows the tenant's own prefix-cache partition (inference.gateway.salt), never widens it.
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
 
@@ -268,7 +268,7 @@ def upstream_body(
     (streamed or not, finished or cut off) is metered with the engine's own counts; or, with
     ``whole`` (a batch line, which nobody watches arrive), one non-streamed answer, whose
     usage is the engine's counts too, at less work for the engine and for us. Always in the
-    tenant's prefix-cache partition (``cache_salt``: inference.api.salt)."""
+    tenant's prefix-cache partition (``cache_salt``: inference.gateway.salt)."""
     body = {k: v for k, v in parsed.body.items() if k not in DROPPED}
     body["model"] = served_name
     body["cache_salt"] = cache_salt

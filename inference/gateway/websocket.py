@@ -17,11 +17,11 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from controlplane.logs import request_id_new
-from inference.api import metrics
-from inference.api.auth import authenticate, bearer_token
-from inference.api.call import MidStreamError
-from inference.api.errors import ApiError, overloaded
-from inference.api.lifecycle import ClientGone, Lifecycle
+from inference.gateway import metrics
+from inference.gateway.auth import authenticate, bearer_token
+from inference.gateway.call import MidStreamError
+from inference.gateway.errors import ApiError, overloaded
+from inference.gateway.lifecycle import ClientGone, Lifecycle
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from redis.exceptions import RedisError
 from billing.services import usage_records_insert
 from billing.spool import FIELD, USAGE_STREAM
 from contract import UsageRecord, encode
-from inference.api.db import run_db
-from inference.api.lua import Batch
+from inference.gateway.db import run_db
+from inference.gateway.lua import Batch
 
 log = logging.getLogger(__name__)
 

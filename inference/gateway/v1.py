@@ -23,12 +23,12 @@ from redis.exceptions import RedisError
 
 from contract import Servable
 from controlplane.logs import request_id_new
-from inference.api import metrics
-from inference.api.auth import KeyInfo, authenticate, bearer_token
-from inference.api.call import MidStreamError
-from inference.api.catalog import catalog_view
-from inference.api.errors import ApiError, model_not_found, overloaded
-from inference.api.lifecycle import Lifecycle
+from inference.gateway import metrics
+from inference.gateway.auth import KeyInfo, authenticate, bearer_token
+from inference.gateway.call import MidStreamError
+from inference.gateway.catalog import catalog_view
+from inference.gateway.errors import ApiError, model_not_found, overloaded
+from inference.gateway.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,13 @@ import orjson
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from inference.api import lora, metrics
-from inference.api.admission import admission
-from inference.api.call import Call, MidStreamError
-from inference.api.errors import overloaded
-from inference.api.responses import clean
-from inference.api.upstream import (
+from inference.engine_auth import engine_auth_headers
+from inference.gateway import lora, metrics
+from inference.gateway.admission import admission
+from inference.gateway.call import Call, MidStreamError
+from inference.gateway.errors import overloaded
+from inference.gateway.responses import clean
+from inference.gateway.upstream import (
     ABORT_PATH,
     PATHS,
     TRANSPORT_ERRORS,
@@ -29,8 +30,7 @@ from inference.api.upstream import (
     engine_request_ids,
     engine_session,
 )
-from inference.api.whole import Unanswered, post_whole, take_whole
-from inference.engine_auth import engine_auth_headers
+from inference.gateway.whole import Unanswered, post_whole, take_whole
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from django.db.models import F, Sum
 from redis.exceptions import RedisError
 
 from billing.budget_warnings import BUDGET_WARNINGS
-from inference.api.auth import KeyInfo
-from inference.api.db import run_db
-from inference.api.errors import ApiError, overloaded
-from inference.api.lua import Batch, Script
-from inference.api.redis import redis_async
+from inference.gateway.auth import KeyInfo
+from inference.gateway.db import run_db
+from inference.gateway.errors import ApiError, overloaded
+from inference.gateway.lua import Batch, Script
+from inference.gateway.redis import redis_async
 from tenants.keys import LAST_USED_KEY
 
 log = logging.getLogger(__name__)

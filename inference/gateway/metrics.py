@@ -28,7 +28,7 @@ from prometheus_client import Counter, Histogram
 
 if TYPE_CHECKING:
     from contract import UsageRecord
-    from inference.api.errors import ApiError
+    from inference.gateway.errors import ApiError
 
 # vLLM 0.32's buckets (REQUEST_LATENCY, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY).
 REQUEST_LATENCY_BUCKETS = (

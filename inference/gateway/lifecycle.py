@@ -17,7 +17,7 @@ limits, shielded from cancellation, exactly once. The call's state moves only th
 own methods (``call.State``); its outcome and error are set only by ``Call.fail`` and
 ``Call.note``, and it is settled by ``settle.finish``.
 
-``begin`` also takes the seams of ``inference.api.seams``: an output filter the chunks pass
+``begin`` also takes the seams of ``inference.gateway.seams``: an output filter the chunks pass
 through, an input check run beside the upstream request, and a pool to run on instead of
 the model's online one. ``run_whole`` runs one request to its non-streamed answer, for code
 that has no HTTP request (a batch line in a Celery worker).
@@ -34,14 +34,14 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from contract import UsageRecord
-from inference.api import responses
-from inference.api.auth import KeyInfo
-from inference.api.call import Call, MidStreamError, State
-from inference.api.errors import ApiError, overloaded
-from inference.api.prepare import Screen, prepare
-from inference.api.relay import Relay
-from inference.api.schema import ParsedRequest
-from inference.api.seams import (
+from inference.gateway import responses
+from inference.gateway.auth import KeyInfo
+from inference.gateway.call import Call, MidStreamError, State
+from inference.gateway.errors import ApiError, overloaded
+from inference.gateway.prepare import Screen, prepare
+from inference.gateway.relay import Relay
+from inference.gateway.schema import ParsedRequest
+from inference.gateway.seams import (
     InputCheck,
     OutputFilter,
     RequestGuard,
@@ -50,7 +50,7 @@ from inference.api.seams import (
     guard_for,
     input_refused,
 )
-from inference.api.settle import finish
+from inference.gateway.settle import finish
 
 
 class ClientGone(Exception):

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from inference.api.db import run_db
-from inference.api.errors import ApiError, invalid_api_key
-from inference.api.redis import redis_async
+from inference.gateway.db import run_db
+from inference.gateway.errors import ApiError, invalid_api_key
+from inference.gateway.redis import redis_async
 from inference.keycache import (
     ENTRY_SECONDS,
     KEY_ENTRY,

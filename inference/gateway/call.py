@@ -15,9 +15,9 @@ from contract import (
     PriceRow,
     UsageRecord,
 )
-from inference.api import limits
-from inference.api.auth import KeyInfo
-from inference.api.schema import (
+from inference.gateway import limits
+from inference.gateway.auth import KeyInfo
+from inference.gateway.schema import (
     ParsedRequest,
 )
 
@@ -30,7 +30,7 @@ class State(enum.Enum):
     """Where a call is. ``PREPARED`` (limits taken, admitted to a replica) → ``STREAMING``
     (the engine answered) → ``DONE`` (its ``[DONE]`` came); or, from either live state,
     ``FAILED`` (the engine or the gateway failed), ``CUT_OFF`` (the client left) or
-    ``FILTERED`` (an output filter or input check stopped it, ``inference.api.seams``). A
+    ``FILTERED`` (an output filter or input check stopped it, ``inference.gateway.seams``). A
     complete answer can still fail to reach the client whole (``DONE`` → ``FAILED`` | ``FILTERED``).
     Every ending is then ``SETTLED``: metered and released, once (``finish``)."""
 

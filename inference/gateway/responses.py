@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 
-from inference.api.errors import ApiError
+from inference.gateway.errors import ApiError
 
 # Fields vLLM adds to OpenAI's chunk shape that are its own business.
 _EXTRA_TOP = ("prompt_token_ids", "prompt_text", "kv_transfer_params")

@@ -13,8 +13,8 @@ import aiohttp
 import orjson
 from django.conf import settings
 
-from inference.api.errors import ApiError, invalid_request
-from inference.api.schema import context_error
+from inference.gateway.errors import ApiError, invalid_request
+from inference.gateway.schema import context_error
 
 _sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 

@@ -21,14 +21,14 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contract import UsageRecord
-from inference.api import limits, metering, metrics
-from inference.api.catalog import catalog_view
-from inference.api.consumers import JSON, GatewayHttpConsumer
-from inference.api.errors import ApiError, invalid_request, model_not_found
-from inference.api.lua import Batch
+from inference.gateway import limits, metering, metrics
+from inference.gateway.catalog import catalog_view
+from inference.gateway.errors import ApiError, invalid_request, model_not_found
+from inference.gateway.lua import Batch
+from inference.gateway.v1 import JSON, GatewayHttpConsumer
 from moderation.cascade import Cascade, GuardUse
 from moderation.categories import CATEGORIES
-from moderation.gateway import MODEL_NAME, guard_cost, moderation_checked, policy_view
+from moderation.guard import MODEL_NAME, guard_cost, moderation_checked, policy_view
 from moderation.policy import CategoryRule, PolicySpec
 from moderation.services import DEFAULT_THRESHOLD
 

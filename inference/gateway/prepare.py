@@ -24,14 +24,14 @@ from contract import (
     price_in_force,
 )
 from controlplane.logs import request_id_new, request_id_var
-from inference.api import limits, metrics
-from inference.api.admission import CatalogMissing, admission
-from inference.api.auth import KeyInfo
-from inference.api.call import Adapter, Call, Route, State
-from inference.api.catalog import catalog_view
-from inference.api.errors import ApiError, invalid_request, model_not_found, overloaded
-from inference.api.salt import cache_salt, salted_prefix
-from inference.api.schema import (
+from inference.gateway import limits, metrics
+from inference.gateway.admission import CatalogMissing, admission
+from inference.gateway.auth import KeyInfo
+from inference.gateway.call import Adapter, Call, Route, State
+from inference.gateway.catalog import catalog_view
+from inference.gateway.errors import ApiError, invalid_request, model_not_found, overloaded
+from inference.gateway.salt import cache_salt, salted_prefix
+from inference.gateway.schema import (
     ParsedRequest,
     check_content_parts,
     check_max_tokens,

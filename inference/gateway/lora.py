@@ -31,13 +31,13 @@ import uuid
 import aiohttp
 from redis.exceptions import RedisError
 
-from inference.api.call import Adapter, Call
-from inference.api.errors import ApiError, overloaded
-from inference.api.lua import Batch, Script
-from inference.api.redis import redis_async
-from inference.api.upstream import TRANSPORT_ERRORS, engine_session
 from inference.catalog import adapters_held_key, pool_prefix
 from inference.engine_auth import engine_auth_headers
+from inference.gateway.call import Adapter, Call
+from inference.gateway.errors import ApiError, overloaded
+from inference.gateway.lua import Batch, Script
+from inference.gateway.redis import redis_async
+from inference.gateway.upstream import TRANSPORT_ERRORS, engine_session
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from contract import UsageRecord
-from inference.api.auth import KeyInfo
-from inference.api.errors import ApiError
-from inference.api.schema import ParsedRequest
+from inference.gateway.auth import KeyInfo
+from inference.gateway.errors import ApiError
+from inference.gateway.schema import ParsedRequest
 
 Chunk = dict[str, Any]
 

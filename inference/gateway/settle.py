@@ -14,10 +14,10 @@ from billing.pricing import price_of
 from contract import (
     UsageRecord,
 )
-from inference.api import lora, metering, metrics
-from inference.api.admission import W_IN, W_OUT, admission
-from inference.api.call import Call
-from inference.api.lua import Batch
+from inference.gateway import lora, metering, metrics
+from inference.gateway.admission import W_IN, W_OUT, admission
+from inference.gateway.call import Call
+from inference.gateway.lua import Batch
 
 log = logging.getLogger(__name__)
 requests_log = logging.getLogger("inferplane.requests")
@@ -63,7 +63,7 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
     _log_completion(record)
     try:
         # Slot, limits and ledger in one round trip (a Redis that lost the scripts gets them
-        # loaded and only the scripts that failed run again: see inference.api.lua.Batch).
+        # loaded and only the scripts that failed run again: see inference.gateway.lua.Batch).
         pipe = Batch()
         if call.route.replica:
             admission().complete_into(
