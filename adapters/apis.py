@@ -14,9 +14,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from adapters import selectors, services
+from adapters.models import Adapter
 from controlplane.api import paginate, request_user, tenant_access
 from tenants.access import Perm, TenantAccess
-from tenants.models import Adapter
 
 
 class PayloadTooLarge(exceptions.APIException):

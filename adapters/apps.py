@@ -6,5 +6,6 @@ class AdaptersConfig(AppConfig):
     verbose_name = "LoRA adapters"
 
     def ready(self) -> None:
-        # The receiver that queues an upload's validation (adapters.signals).
-        from adapters import tasks  # noqa: F401
+        # The receiver that queues an upload's validation (adapters.signals), and those of
+        # what lower apps announce (adapters.receivers).
+        from adapters import receivers, tasks  # noqa: F401

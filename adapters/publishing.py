@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
+from adapters.models import Adapter
 from adapters.services import adapter_local_dir
 from contract import AdapterVersion, CatalogAdapter
-from tenants.models import Adapter
 
 log = logging.getLogger(__name__)
 

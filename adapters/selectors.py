@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from tenants.models import Adapter, Tenant
+from adapters.models import Adapter
+from tenants.models import Tenant
 
 
 def adapter_list(*, tenant: Tenant) -> QuerySet[Adapter]:

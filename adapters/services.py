@@ -23,9 +23,10 @@ from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
 from adapters import validation
+from adapters.models import Adapter, adapter_name_validator
 from adapters.signals import adapter_deleted, adapter_ready, adapter_uploaded
-from inference.models import Model
-from tenants.models import Adapter, Tenant, User, adapter_name_validator
+from fleet.models import Model
+from tenants.models import Tenant, User
 from tenants.services import audit_record
 
 logger = logging.getLogger(__name__)

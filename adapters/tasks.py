@@ -6,9 +6,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.dispatch import receiver
 
+from adapters.models import Adapter
 from adapters.services import adapter_reject, adapter_validate, adapters_stuck_reject
 from adapters.signals import adapter_uploaded
-from tenants.models import Adapter
 
 logger = logging.getLogger(__name__)
 

@@ -185,8 +185,8 @@ def failover(
     each), it is killed (SIGKILL, like a lost spot VM). Timed from the kill: until admission
     holds no line on the dead replica any more (each was sent to the survivor or put back in
     the queue), and until the survivor runs as many as it can (its own gauges: 64)."""
+    from fleet.models import Replica
     from inference.catalog import catalog_publish
-    from inference.models import Replica
     from inference.selectors import replica_in_flight
     from inference.services import pool_configure, replica_add, replica_probe, replica_remove
 
@@ -235,7 +235,7 @@ def memory(bench: Bench, client: Any, lines: int) -> int:
     """Upload, validate and finalize ``lines`` lines with no capacity to run them: the batch
     worker's peak RSS (KiB) over those stages."""
     from batches.models import Batch
-    from inference.models import Replica
+    from fleet.models import Replica
 
     Replica.objects.filter(pool__name="spot").update(state=Replica.State.DRAINING)
     from inference.catalog import catalog_publish
@@ -288,7 +288,7 @@ def main() -> None:
                 server = {**ran, "concurrency": width}
 
         seed([engine], max_inflight=64)
-        from inference.models import Model, Pool, Replica
+        from fleet.models import Model, Pool, Replica
         from inference.services import pool_ensure, replica_probe
 
         spot = pool_ensure(

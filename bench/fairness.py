@@ -164,8 +164,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     django_setup()
+    from fleet.models import Pool
     from inference.catalog import catalog_publish
-    from inference.models import Pool
 
     runs = [
         ("vtc", 1, {"A": 1, "B": 1}),

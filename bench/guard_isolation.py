@@ -127,8 +127,8 @@ def main() -> None:
     bench = Bench()
     try:
         guard = bench.start_guard_engine(core=1)
+        from fleet.models import Model, Pool, Replica
         from inference.catalog import catalog_publish
-        from inference.models import Model, Pool, Replica
         from inference.services import model_ensure, pool_ensure, replica_probe
 
         model = model_ensure(name="tiny-guard", served_name="tiny-guard", context_length=1024,

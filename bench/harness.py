@@ -210,7 +210,7 @@ def django_setup() -> None:
 
 
 def seed(engine_urls: list[str], *, max_inflight: int, policy: str = "vtc") -> None:
-    from inference.models import Pool, Replica
+    from fleet.models import Pool, Replica
     from inference.services import model_ensure, pool_ensure, replica_probe
 
     model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)

@@ -35,6 +35,7 @@ def _adapters(slug: str) -> list[str]:
     """Four validated adapters of the tiny model (uploaded and validated as tenants do)."""
     from django.core.files.uploadedfile import SimpleUploadedFile
 
+    from adapters.models import Adapter
     from adapters.services import adapter_delete, adapter_upload
     from devkit.adapters import (
         TINY_CONFIG,
@@ -43,8 +44,8 @@ def _adapters(slug: str) -> list[str]:
         safetensors,
         scaled_weights,
     )
-    from inference.models import Model, Pool
-    from tenants.models import Adapter, Tenant
+    from fleet.models import Model, Pool
+    from tenants.models import Tenant
 
     Model.objects.filter(name="tiny-chat").update(supports_lora=True, architecture=TINY_CONFIG)
     Pool.objects.filter(name="online").update(max_loras=MAX_LORAS)

@@ -194,8 +194,8 @@ def main() -> None:
         engine = bench.start_engine(core=0)
         guard = bench.start_guard_engine(core=1)
         seed([engine], max_inflight=64)
+        from fleet.models import Model, Replica
         from inference.catalog import catalog_publish
-        from inference.models import Model, Replica
         from inference.services import model_ensure, pool_ensure, replica_probe
 
         model = model_ensure(name="tiny-guard", served_name="tiny-guard", context_length=1024,

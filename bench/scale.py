@@ -414,7 +414,7 @@ def _ledger_world(tenants: int) -> tuple[list[int], list[int]]:
     from django.db import connection
 
     from billing.models import Price
-    from inference.models import Model
+    from fleet.models import Model
     from tenants.models import ApiKey, Tenant
 
     with connection.cursor() as cur:

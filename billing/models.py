@@ -93,7 +93,7 @@ class Price(models.Model):
     once in force: a new price is a new row, so a change never rewrites history.
     """
 
-    model = models.ForeignKey("inference.Model", on_delete=models.PROTECT, related_name="prices")
+    model = models.ForeignKey("fleet.Model", on_delete=models.PROTECT, related_name="prices")
     tenant = models.ForeignKey(
         "tenants.Tenant",
         null=True,
@@ -280,7 +280,7 @@ class EngineCounterSnapshot(models.Model):
     tokens for that replica must equal the counters' growth."""
 
     replica = models.ForeignKey(
-        "inference.Replica", on_delete=models.CASCADE, related_name="counter_snapshots"
+        "fleet.Replica", on_delete=models.CASCADE, related_name="counter_snapshots"
     )
     taken_at = models.DateTimeField()
     process_started_at = models.DateTimeField(help_text="Counters restart with the process.")

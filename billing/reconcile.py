@@ -18,8 +18,8 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import EngineCounterSnapshot, UsageRecord
-from inference.engine_metrics import engine_metrics_parse
-from inference.models import Pool, Replica
+from fleet.engine_metrics import engine_metrics_parse
+from fleet.models import Pool, Replica
 
 KEEP_DAYS = 40
 

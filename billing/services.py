@@ -12,7 +12,6 @@ import msgspec
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
-from django.db.models import Q
 from django.utils import timezone
 
 import contract
@@ -20,10 +19,10 @@ from billing.budget_warnings import budget_warnings_take
 from billing.models import DailyUsage, Price, UsageRecord
 from billing.pricing import PriceBook
 from billing.selectors import ledger_sums
-from billing.signals import prices_changed
+from billing.signals import adapters_used, prices_changed
 from controlplane.redis import redis_sync
-from inference.models import Model
-from tenants.models import Adapter, ApiKey, AuditEvent, Tenant, User
+from fleet.models import Model
+from tenants.models import ApiKey, AuditEvent, Tenant, User
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
@@ -169,7 +168,8 @@ def _insert_orm(rows: list[contract.UsageRecord], book: PriceBook) -> set[str]:
 
 
 def _adapters_last_used(rows: Iterable[contract.UsageRecord]) -> None:
-    """Adapters' ``last_used_at`` from the records (``adapter`` is ``name:version``)."""
+    """The latest use of each adapter in the records (``adapter`` is ``name:version``),
+    announced for the adapters app to stamp (``adapters_used``)."""
     latest: dict[tuple[int, str, int], datetime] = {}
     for row in rows:
         name, _, number = row.adapter.rpartition(":")
@@ -177,10 +177,8 @@ def _adapters_last_used(rows: Iterable[contract.UsageRecord]) -> None:
             key = (row.tenant_id, name, int(number))
             if key not in latest or row.finished_at > latest[key]:
                 latest[key] = row.finished_at
-    for (tenant_id, name, version), when in latest.items():
-        Adapter.objects.filter(tenant_id=tenant_id, name=name, version=version).filter(
-            Q(last_used_at__isnull=True) | Q(last_used_at__lt=when)
-        ).update(last_used_at=when)
+    if latest:
+        adapters_used.send(sender=UsageRecord, latest=latest)
 
 
 # --- Rollups ---------------------------------------------------------------------------------

@@ -4,6 +4,9 @@ from django.dispatch import Signal
 
 # A price was set: the serving catalog, which the gateway prices spend budgets with, is stale.
 prices_changed = Signal()
+# Records of adapters' requests reached the ledger: ``latest={(tenant_id, name, version):
+# finished_at}``, the latest use of each (``adapters.receivers`` stamps ``last_used_at``).
+adapters_used = Signal()
 # An invoice was finalized with something to pay, or voided after it went to Stripe: the
 # Stripe side follows (sent once the change is committed; ``billing.tasks`` queues it, the
 # tasks importing the services and never the other way). ``invoice_id=``.

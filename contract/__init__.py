@@ -118,7 +118,7 @@ class Catalog(msgspec.Struct, frozen=True):
     models: dict[str, CatalogModel]
     pools: dict[str, CatalogPool]
     adapters: dict[str, CatalogAdapter] = {}
-    # A routed name -> its targets with their integer weights (inference.models.ModelRoute).
+    # A routed name -> its targets with their integer weights (fleet.models.ModelRoute).
     routes: dict[str, list[tuple[str, int]]] = {}
 
     def route(self, name: str, draw: float) -> str:

@@ -40,9 +40,9 @@ from batches.gauges import BatchGauges, batch_gauges_read
 from batches.runner import BATCH_LINES_KEY  # the workers count lines there (not scraped)
 from contract import Catalog
 from controlplane.redis import redis_sync
+from fleet.models import Replica
 from inference.catalog import catalog_published, pool_prefix
 from inference.gateway.admission import queue_state
-from inference.models import Replica
 
 log = logging.getLogger(__name__)
 

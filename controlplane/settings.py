@@ -84,6 +84,7 @@ INSTALLED_APPS = [
     "axes",
     "tenants",
     "adapters",
+    "fleet",
     "inference",
     "batches",
     "billing",

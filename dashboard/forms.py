@@ -7,15 +7,8 @@ from django import forms
 from django.contrib.auth.forms import UserCreationForm
 from django.core.files import File
 
-from tenants.models import (
-    MAX_BUDGET,
-    MAX_RATE,
-    ApiKey,
-    Role,
-    Tenant,
-    User,
-    adapter_name_validator,
-)
+from adapters.models import adapter_name_validator
+from tenants.models import MAX_BUDGET, MAX_RATE, ApiKey, Role, Tenant, User
 
 
 class KeyCreateForm(forms.Form):

@@ -12,12 +12,12 @@ from django.db.models import Q, QuerySet, Sum
 
 from billing.models import DailyUsage, UsageRecord
 from billing.selectors import rollup_sums
+from fleet.models import Pool
 from inference.catalog import catalog_read
 from inference.gateway import metrics
 from inference.gateway.admission import queue_state
 from inference.gateway.limits import rejection_counts_key, rejections_key
 from inference.gateway.lora import adapters_held
-from inference.models import Pool
 from tenants.models import Tenant
 
 

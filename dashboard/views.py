@@ -33,6 +33,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from adapters import selectors as adapter_selectors
 from adapters import services as adapter_services
+from adapters.models import Adapter
 from batches import files as batch_files
 from batches import quotas as batch_quotas
 from batches import selectors as batch_selectors
@@ -54,7 +55,7 @@ from tenants import selectors as tenant_selectors
 from tenants import services
 from tenants.access import Perm, TenantAccess
 from tenants.keys import KEY_TAG
-from tenants.models import Adapter, ApiKey, Invitation, Membership, Role
+from tenants.models import ApiKey, Invitation, Membership, Role
 
 CHART_DAYS = 30
 

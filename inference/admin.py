@@ -5,8 +5,8 @@ from django.db import transaction
 from django.forms import BaseInlineFormSet, ModelForm
 from django.http import HttpRequest
 
+from fleet.models import Model, Pool, Replica
 from inference.catalog import catalog_publish
-from inference.models import Model, Pool, Replica
 from inference.services import replica_name_assign
 
 

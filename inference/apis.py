@@ -17,8 +17,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from fleet.models import ModelRoute, Pool, Replica
 from inference import selectors, services
-from inference.models import ModelRoute, Pool, Replica
 
 
 class ReplicaOutputSerializer(serializers.Serializer[Any]):

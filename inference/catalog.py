@@ -31,7 +31,7 @@ from contract import (
     encode,
 )
 from controlplane.redis import channel, redis_sync
-from inference.models import Model, ModelRoute, Pool, Replica
+from fleet.models import Model, ModelRoute, Pool, Replica
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from typing import Any
 from django.db import transaction
 from django.dispatch import receiver
 
+from adapters.models import Adapter
 from adapters.signals import adapter_deleted, adapter_ready
 from billing.signals import prices_changed
 from inference.catalog import catalog_publish
 from inference.keycache import keycache_invalidate
 from inference.tasks import adapter_retire_task
-from tenants.models import Adapter
 from tenants.signals import keys_changed
 
 # After the gateways' next catalog refresh (1 s): no new request can pick a deleted adapter.

@@ -8,8 +8,8 @@ from django.db.models import QuerySet
 from redis.exceptions import RedisError
 
 from controlplane.redis import redis_sync
+from fleet.models import ModelRoute, Pool, Replica
 from inference.catalog import pool_prefix
-from inference.models import ModelRoute, Pool, Replica
 
 log = logging.getLogger(__name__)
 

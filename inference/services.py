@@ -21,14 +21,11 @@ from django.db import transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from adapters.models import Adapter
 from adapters.services import adapter_files_remove
 from controlplane.redis import redis_sync
-from inference.catalog import adapters_held_key, catalog_publish, pool_prefix
-from inference.engine_auth import engine_auth_headers
-from inference.engine_metrics import engine_metrics_parse
-from inference.gateway.admission import adapter_in_use
-from inference.gateway.lora import RECONCILE
-from inference.models import (
+from fleet.engine_metrics import engine_metrics_parse
+from fleet.models import (
     Model,
     ModelRoute,
     Pool,
@@ -37,8 +34,11 @@ from inference.models import (
     engine_url_validator,
     name_validator,
 )
+from inference.catalog import adapters_held_key, catalog_publish, pool_prefix
+from inference.engine_auth import engine_auth_headers
+from inference.gateway.admission import adapter_in_use
+from inference.gateway.lora import RECONCILE
 from inference.selectors import replica_in_flight, replicas_in_flight
-from tenants.models import Adapter
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from celery import shared_task
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
+from fleet.models import Pool
 from inference.catalog import catalog_publish
 from inference.keycache import keycache_outbox_flush
-from inference.models import Pool
 from inference.selectors import pool_list, replica_list
 from inference.services import adapter_retire, pool_discovery_sync, replica_probe
 

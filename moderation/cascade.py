@@ -22,12 +22,12 @@ import orjson
 from redis.exceptions import RedisError
 
 from contract import CatalogModel, CatalogPool
+from fleet.models import Replica
 from inference.engine_auth import engine_auth_headers
 from inference.gateway.admission import W_IN, Admission, CatalogMissing, admission
 from inference.gateway.catalog import catalog_view
 from inference.gateway.errors import ApiError
 from inference.gateway.upstream import TRANSPORT_ERRORS, engine_session
-from inference.models import Replica
 from moderation import classifier
 from moderation.categories import CATEGORIES
 from moderation.policy import SEVERITY, PolicySpec

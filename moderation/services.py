@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from controlplane.redis import redis_sync
-from inference.models import Model
+from fleet.models import Model
 from moderation.categories import CATEGORIES
 from moderation.models import ModerationEvent, ModerationPolicy
 from moderation.policy import ACTIONS, PolicyInvalid, min_step, policy_check

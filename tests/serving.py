@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from billing.models import UsageRecord
-from inference.models import Pool
+from fleet.models import Pool
 from inference.services import model_ensure, pool_ensure, replica_probe
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create

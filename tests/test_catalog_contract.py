@@ -11,6 +11,7 @@ from decimal import Decimal
 import pytest
 from django.db import connection
 
+from adapters.models import Adapter
 from contract import (
     AdapterVersion,
     Catalog,
@@ -23,6 +24,7 @@ from contract import (
     price_in_force,
 )
 from controlplane.redis import channel, redis_sync
+from fleet.models import Model
 from inference.catalog import (
     CATALOG_CHANNEL,
     CATALOG_KEY,
@@ -31,9 +33,8 @@ from inference.catalog import (
     catalog_publish,
 )
 from inference.gateway.catalog import CatalogView
-from inference.models import Model
 from inference.services import model_ensure, pool_ensure
-from tenants.models import Adapter, Tenant
+from tenants.models import Tenant
 from tests.factories import TenantFactory
 from tests.live import wait_for
 

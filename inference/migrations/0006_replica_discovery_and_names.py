@@ -3,7 +3,7 @@
 import django.core.validators
 from django.db import migrations, models
 
-import inference.models
+import fleet.models
 
 
 def name_replicas(apps, schema_editor):
@@ -141,7 +141,7 @@ class Migration(migrations.Migration):
             field=models.CharField(
                 help_text="Base URL of the vLLM OpenAI server, e.g. http://10.0.0.5:8000",
                 max_length=200,
-                validators=[inference.models.engine_url_validator],
+                validators=[fleet.models.engine_url_validator],
             ),
         ),
         migrations.RunPython(name_replicas, migrations.RunPython.noop),

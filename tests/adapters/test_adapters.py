@@ -20,14 +20,15 @@ from django.urls import reverse
 from django.utils import timezone
 from kombu import Queue
 
+from adapters.models import Adapter
 from adapters.services import adapter_reject, adapter_validate
 from adapters.tasks import adapter_validate_task, adapters_stuck_reject_task
 from adapters.validation import WEIGHTS
 from controlplane.celery import app as celery_app
 from devkit.adapters import TINY_CONFIG, config, lora_tensors, safetensors
-from inference.models import Model, Pool
+from fleet.models import Model, Pool
 from inference.services import adapter_retire
-from tenants.models import Adapter, AuditEvent
+from tenants.models import AuditEvent
 from tests.adapters.test_validation import (
     GOOD,
     MB,

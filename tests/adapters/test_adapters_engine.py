@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from adapters.models import Adapter
 from adapters.services import adapter_local_dir, adapter_validate
 from devkit.adapters import config, lora_tensors, safetensors
-from tenants.models import Adapter
 from tests.adapters.test_adapters import served  # noqa: F401  (fixture)
 from tests.conftest import TenantPeople, client_for
 from tests.engines import ENGINE_HEADERS, Engine

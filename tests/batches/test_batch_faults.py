@@ -18,8 +18,8 @@ import pytest
 
 from batches.models import Line
 from billing.models import UsageRecord
+from fleet.models import Model, Pool, Replica
 from inference.catalog import catalog_publish
-from inference.models import Model, Pool, Replica
 from inference.services import pool_ensure, replica_probe
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create

@@ -34,8 +34,8 @@ from batches.services import batches_expire
 from billing.models import UsageRecord
 from billing.services import price_set
 from contract import UsageRecord as UsageRecord_
+from fleet.models import Model, Replica
 from inference.catalog import catalog_publish
-from inference.models import Model, Replica
 from inference.services import pool_ensure, replica_probe
 from tenants.models import ApiKey
 from tenants.services import api_key_create, tenant_limits_update

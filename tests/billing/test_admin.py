@@ -10,7 +10,7 @@ from django.test import Client
 from billing.invoicing import invoice_compute
 from billing.models import Price
 from billing.services import usage_records_insert
-from inference.models import Model
+from fleet.models import Model
 from tenants.models import AuditEvent
 from tests.billing.test_usage import _record
 from tests.factories import TenantFactory, UserFactory

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from billing.models import Price
 from billing.services import daily_usage_refresh_stale, usage_records_insert
-from inference.models import Model
+from fleet.models import Model
 from tests.billing.test_usage import _record
 from tests.conftest import TenantPeople, client_for
 

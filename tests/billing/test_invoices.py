@@ -432,7 +432,7 @@ def test_an_invoice_spanning_a_price_change_charges_each_record_its_own_price() 
     from decimal import Decimal
 
     from billing.models import Price
-    from inference.models import Model
+    from fleet.models import Model
 
     model = Model.objects.create(name="big", served_name="big", context_length=1024)
     for start, rate in ((datetime(2026, 9, 1, tzinfo=UTC), "1"), (IN_OCT, "3")):

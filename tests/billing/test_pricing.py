@@ -21,7 +21,7 @@ from billing.services import (
     price_set,
     usage_records_insert,
 )
-from inference.models import Model
+from fleet.models import Model
 from tenants.models import AuditEvent, Tenant
 from tests.billing.test_usage import _record
 from tests.conftest import run_manage

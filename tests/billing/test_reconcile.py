@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from billing.models import UsageRecord
 from billing.reconcile import replica_counters_snapshot
-from inference.models import Replica
+from fleet.models import Replica
 from tests.conftest import run_manage
 from tests.live import settled_counters, wait_for
 from tests.serving import World

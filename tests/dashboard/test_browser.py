@@ -18,9 +18,10 @@ import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from adapters.models import Adapter
 from devkit.adapters import TINY_CONFIG, config, lora_tensors, safetensors
-from inference.models import Model, Pool
-from tenants.models import Adapter, ApiKey, User
+from fleet.models import Model, Pool
+from tenants.models import ApiKey, User
 from tenants.services import api_key_create
 from tests.billing.test_usage import _record, insert_with_rollups
 from tests.conftest import ROOT, TenantPeople

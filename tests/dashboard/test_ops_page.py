@@ -6,8 +6,8 @@ import pytest
 
 from controlplane.redis import redis_sync
 from dashboard.selectors import _spark, ops_sparklines
+from fleet.models import Model, ModelRoute
 from inference.gateway import metrics
-from inference.models import Model, ModelRoute
 from inference.services import model_ensure, pool_ensure
 from tenants.models import Tenant
 from tests.conftest import TenantPeople

@@ -14,9 +14,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.utils import timezone
 
+from adapters.models import Adapter
 from contract import UsageRecord
 from devkit.adapters import config, lora_tensors, safetensors
-from tenants.models import Adapter, ApiKey, Invitation, Membership, User
+from tenants.models import ApiKey, Invitation, Membership, User
 from tenants.services import api_key_create
 from tests.adapters.test_adapters import served  # noqa: F401  (fixture)
 from tests.billing.test_usage import _record, insert_with_rollups

@@ -4,8 +4,8 @@ import orjson
 import pytest
 
 from controlplane.redis import redis_sync
+from fleet.models import Pool, Replica
 from inference.catalog import CATALOG_KEY, pool_prefix
-from inference.models import Pool, Replica
 from inference.services import model_ensure, pool_ensure, replica_add
 from tests.conftest import run_manage
 from tests.engines import free_port

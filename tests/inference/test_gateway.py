@@ -18,8 +18,9 @@ from openai.types.chat import ChatCompletionMessageParam
 from billing.models import Price, UsageRecord
 from controlplane.redis import redis_sync
 from devkit.tiny_model import continuation
+from fleet.models import Model, Pool
 from inference.catalog import catalog_publish
-from inference.models import KeyCacheInvalidation, Model, Pool
+from inference.models import KeyCacheInvalidation
 from tenants.models import ApiKey, AuditEvent
 from tenants.services import api_key_limits_update, api_key_revoke, tenant_update
 from tests.live import settled_counters, wait_for

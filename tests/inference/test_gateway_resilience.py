@@ -25,8 +25,8 @@ from psycopg import sql
 
 from billing.models import UsageRecord
 from billing.spool import spool_length
+from fleet.models import Pool, Replica
 from inference.catalog import catalog_publish
-from inference.models import Pool, Replica
 from inference.services import pool_configure, replica_probe, replica_set_state
 from tests.engines import LOG_DIR, Engine, free_port, started_engine
 from tests.live import settled_counters, wait_for

@@ -18,8 +18,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from fleet.models import Model
 from inference.catalog import catalog_publish
-from inference.models import Model
 from tests.live import Stack, engine_counters, settled_counters, stack_start, wait_for
 from tests.serving import World, world_rows
 

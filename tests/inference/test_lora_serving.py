@@ -17,12 +17,13 @@ import pytest
 import redis as redis_lib
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from adapters.models import Adapter
 from adapters.services import adapter_local_dir
 from devkit.adapters import TINY_CONFIG, config, lora_tensors, safetensors, scaled_weights
+from fleet.models import Model, Pool
 from inference.catalog import adapters_held_key, catalog_publish
-from inference.models import Model, Pool
 from inference.services import replica_probe
-from tenants.models import Adapter, Role, Tenant
+from tenants.models import Role, Tenant
 from tests.conftest import client_for
 from tests.engines import ENGINE_HEADERS, Engine
 from tests.factories import MembershipFactory, UserFactory

@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from batches.models import Batch, Line
 from billing.models import Price, UsageRecord
 from dashboard.selectors import ops_sparklines
+from fleet.models import Model
 from inference.catalog import catalog_publish
-from inference.models import Model
 from tenants.models import ApiKey, Tenant
 from tenants.services import api_key_create, tenant_create
 from tests.engines import LOG_DIR, ROOT, Engine

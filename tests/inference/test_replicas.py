@@ -25,9 +25,9 @@ from dnslib import AAAA, QTYPE, RCODE, RR, A
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
 from controlplane.redis import redis_sync
+from fleet.models import Pool, Replica
 from inference.catalog import CATALOG_KEY, catalog_publish, pool_prefix
 from inference.gateway.admission import W_OUT, Admission
-from inference.models import Pool, Replica
 from inference.services import (
     model_ensure,
     pool_configure,
@@ -546,14 +546,14 @@ def test_the_admin_names_a_replica_added_without_one(static_pool: Pool) -> None:
     client = Client()
     client.force_login(admin)
     response = client.post(
-        reverse("admin:inference_replica_add"),
+        reverse("admin:fleet_replica_add"),
         {"pool": static_pool.pk, "name": "", "url": "http://vllm-online:8000", "state": "down"},
     )
     assert response.status_code == 302, response.context["adminform"].form.errors
     assert Replica.objects.get(url="http://vllm-online:8000").name == "online-2"
     # A single-label host (Compose, Kubernetes) is a valid engine URL; a bare host:port not.
     response = client.post(
-        reverse("admin:inference_replica_add"),
+        reverse("admin:fleet_replica_add"),
         {"pool": static_pool.pk, "name": "", "url": "vllm-batch:8000", "state": "down"},
     )
     assert response.status_code == 200 and "is not an engine URL" in response.content.decode()
@@ -600,7 +600,7 @@ def test_the_pool_admin_names_inline_replicas_and_sets_dns_discovery(static_pool
         "replicas-2-url": "http://gpu-c:8000",
         "replicas-2-state": "down",
     }
-    response = client.post(reverse("admin:inference_pool_change", args=[static_pool.pk]), form)
+    response = client.post(reverse("admin:fleet_pool_change", args=[static_pool.pk]), form)
     assert response.status_code == 302, response.content.decode()[-3000:]
     names = dict(Replica.objects.values_list("url", "name"))
     assert names == {
@@ -613,7 +613,7 @@ def test_the_pool_admin_names_inline_replicas_and_sets_dns_discovery(static_pool
     assert {r["name"] for r in _catalog_replicas().values()} == set(names.values())
 
     response = client.post(
-        reverse("admin:inference_pool_change", args=[static_pool.pk]),
+        reverse("admin:fleet_pool_change", args=[static_pool.pk]),
         {**form, "dns_name": "", "replicas-TOTAL_FORMS": 0, "replicas-INITIAL_FORMS": 0},
     )
     assert response.status_code == 200

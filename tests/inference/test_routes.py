@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from billing.models import UsageRecord
 from contract import Catalog
+from fleet.models import Model, ModelRoute, Pool
 from inference.catalog import catalog_build, catalog_publish
-from inference.models import Model, ModelRoute, Pool
 from inference.services import (
     model_ensure,
     model_route_clear,

@@ -19,6 +19,7 @@ from asgiref.sync import async_to_sync
 
 from billing.models import UsageRecord
 from billing.spool import usage_spool_flush
+from fleet.models import Model, Replica
 from inference.catalog import catalog_publish
 from inference.gateway.admission import queue_state
 from inference.gateway.auth import KeyInfo, key_info_from_db
@@ -30,7 +31,6 @@ from inference.gateway.schema import ParsedRequest
 from inference.gateway.seams import PassThrough, Screened
 from inference.gateway.upstream import engine_session
 from inference.gateway.v1 import SSE_DONE, sse_frame
-from inference.models import Model, Replica
 from inference.services import pool_ensure, replica_probe
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create

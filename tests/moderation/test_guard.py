@@ -20,8 +20,8 @@ import pytest
 
 from billing.services import price_set
 from controlplane.redis import redis_sync
+from fleet.models import Model, Pool, Replica
 from inference.catalog import catalog_publish, pool_prefix
-from inference.models import Model, Pool, Replica
 from inference.services import model_ensure, pool_ensure, replica_probe
 from moderation.models import ModerationEvent
 from moderation.policy import PolicyInvalid

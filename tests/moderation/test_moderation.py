@@ -23,8 +23,8 @@ from billing.models import UsageRecord
 from controlplane.redis import redis_sync
 from devkit.tiny_model import CYCLE, RUNNER_UP, word_at
 from devkit.tiny_model import answer as scripted
+from fleet.models import Model, Replica
 from inference.catalog import pool_prefix
-from inference.models import Model, Replica
 from inference.services import model_ensure, pool_ensure, replica_probe
 from moderation.categories import CATEGORIES
 from moderation.models import ModerationEvent

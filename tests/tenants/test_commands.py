@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.models import Pool
+from fleet.models import Pool
 from tenants.models import ApiKey, AuditEvent, Tenant
 from tenants.selectors import api_key_authenticate
 from tests.conftest import run_manage

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from billing.reconcile import usage_reconcile
 from billing.spool import usage_spool_flush
-from inference.models import Pool
+from fleet.models import Pool
 
 
 class Command(BaseCommand):

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from billing.services import price_set
 from controlplane.commands import validation_message
-from inference.models import Model
+from fleet.models import Model
 from tenants.models import Tenant
 from tenants.selectors import tenant_get_by_slug
 

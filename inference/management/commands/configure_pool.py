@@ -4,7 +4,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.commands import parse_positive_int, validation_message
-from inference.models import Pool
+from fleet.models import Pool
 from inference.selectors import pool_get
 from inference.services import pool_configure
 

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from controlplane.commands import validation_message
-from inference.models import ModelRoute
+from fleet.models import ModelRoute
 from inference.selectors import model_route_list
 from inference.services import model_route_clear, model_route_set
 

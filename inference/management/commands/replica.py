@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.commands import validation_message
-from inference.models import Pool, Replica
+from fleet.models import Pool, Replica
 from inference.selectors import pool_get, pool_list, replica_find, replicas_in_flight
 from inference.services import replica_add, replica_drain, replica_remove, replica_undrain
 

@@ -20,7 +20,7 @@ from django.db import transaction
 from billing.models import Price
 from billing.services import price_set
 from controlplane.commands import validation_message
-from inference.models import Model, Pool
+from fleet.models import Model, Pool
 from inference.services import model_ensure, pool_configure, pool_ensure
 from tenants.models import Membership, Role, Tenant, User
 from tenants.selectors import api_key_authenticate

@@ -10,7 +10,7 @@ import httpx
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from inference.models import Replica
+from fleet.models import Replica
 from inference.selectors import replica_list
 from inference.services import replica_probe
 
