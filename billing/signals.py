@@ -1,4 +1,6 @@
-"""What billing announces, for the layers above to act on (sent inside the transaction)."""
+"""What billing announces, for the layers above and for its own tasks to act on: sent inside
+the transaction (``prices_changed``, ``adapters_used``), or once it is committed (the
+invoices', which queue Stripe's side)."""
 
 from django.dispatch import Signal
 

@@ -475,7 +475,7 @@ class Guarded:
             return Screened(release, cut)
         # The engine's counts (continuous usage stats) are the relay's as of the batch's
         # last chunk: a choice's earlier chunks in the batch end before it, one token each
-        # at least.
+        # at least (so their counts here are never below their true ones).
         shown = [
             (chunk, visible_texts(chunk["choices"][0], chat=self.chat))
             if check and chunk.get("choices")
@@ -508,8 +508,13 @@ class Guarded:
             held = self.hold and bool(texts or state.held)
             if held:
                 state.held.append((state.tokens, chunk))
-            if state.tokens - state.checked >= self.step or (
-                finished and state.tokens > state.checked
+            # A window ends only where the count is the engine's own: at the choice's last
+            # chunk in the batch (earlier ones' counts are bounds from above: a window ended
+            # there would release held tokens by a count they have not reached).
+            exact = after[index] == 0 or finished
+            if exact and (
+                state.tokens - state.checked >= self.step
+                or (finished and state.tokens > state.checked)
             ):
                 # Async mode: the chunk that completes a window goes out only once it passed.
                 cut = await self._window(index, state, final=finished, release=release)

@@ -16,6 +16,11 @@ def _content_types_to(label: str):
 
     def move(apps, schema_editor):
         content_type = apps.get_model("contenttypes", "ContentType")
+        # Rows under the label already are ones Django made meanwhile (a partial rollback
+        # put the models back in the other app's state): the moved rows, with their
+        # permissions and history, replace them.
+        if content_type.objects.filter(app_label=other, model__in=MODELS).exists():
+            content_type.objects.filter(app_label=label, model__in=MODELS).delete()
         content_type.objects.filter(app_label=other, model__in=MODELS).update(app_label=label)
 
     return move

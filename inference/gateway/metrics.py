@@ -162,11 +162,16 @@ def tenant_label(slug: str) -> str:
 
 
 def request_settled(
-    record: UsageRecord, *, tenant_slug: str, error_kind: str = "", cost_micros: int = 0
+    record: UsageRecord,
+    *,
+    tenant_slug: str,
+    seconds: float,
+    error_kind: str = "",
+    cost_micros: int = 0,
 ) -> None:
     """One metered request, from its settled record: its status, tokens and cost, its
-    latencies. ``error_kind``: what a failure is counted as when the status does not tell
-    (``errors.ERROR_KINDS``)."""
+    latencies (``seconds``: its whole time, unrounded). ``error_kind``: what a failure is
+    counted as when the status does not tell (``errors.ERROR_KINDS``)."""
     pool, model, endpoint = record.pool, record.model, record.endpoint
     tenant = tenant_label(tenant_slug)
     route, target = "", ""
@@ -185,7 +190,7 @@ def request_settled(
     exemplar = {"request_id": record.request_id}
     if record.ttft_ms is not None:
         TTFT.labels(pool, model, tenant).observe(record.ttft_ms / 1000, exemplar)
-    E2E.labels(pool, model, endpoint).observe(record.duration_ms / 1000, exemplar)
+    E2E.labels(pool, model, endpoint).observe(seconds, exemplar)
     if record.status != "ok":
         ERRORS.labels(endpoint, error_kind or _ENDED[record.status], tenant).inc()
 

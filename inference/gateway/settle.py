@@ -58,7 +58,11 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
     tokens = call.counts.prompt + call.counts.completion
     cost = _cost(call)
     metrics.request_settled(
-        record, tenant_slug=call.key.tenant_slug, error_kind=call.error_kind, cost_micros=cost
+        record,
+        tenant_slug=call.key.tenant_slug,
+        seconds=duration,
+        error_kind=call.error_kind,
+        cost_micros=cost,
     )
     _log_completion(record)
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import pytest
@@ -36,12 +36,16 @@ KEY = KeyInfo(
 )
 
 
-def _guard(endpoint: str = "chat.completions", body: dict[str, Any] | None = None) -> Guarded:
+def _guard(
+    endpoint: str = "chat.completions",
+    body: dict[str, Any] | None = None,
+    mode: Literal["hold", "async"] = "hold",
+) -> Guarded:
     spec = PolicySpec(
         deny_terms=[TERM],
         pii_action="mask",
         classifier=False,
-        output_mode="hold",
+        output_mode=mode,
         window_tokens=8,
         overlap_tokens=4,
     )
@@ -228,6 +232,56 @@ def test_pii_is_masked_in_tool_calls_and_definitions() -> None:
     assert masked["messages"][1]["tool_calls"][0]["function"]["arguments"] == "[card_number]"
     assert masked["tools"][0]["function"]["description"] == "[card_number]"
     assert masked["messages"][0] == body["messages"][0]  # what held nothing is as it was
+
+
+async def _batches(guard: Guarded, batches: list[tuple[int, list[dict[str, Any]]]]) -> str:
+    """Drive ``guard`` batch by batch, the relay's count set to each batch's end as the relay
+    does; the text delivered to the client, and whether it was cut."""
+    counts: dict[int, int] = {}
+    guard.tokens = counts
+    released: list[dict[str, Any]] = []
+    for count, batch in batches:
+        counts[0] = count
+        verdict = await guard.screen(batch)
+        released += verdict.release
+        if verdict.cut is not None:
+            return "CUT:" + "".join(c["choices"][0]["delta"].get("content", "") for c in released)
+    verdict = await guard.end()
+    released += verdict.release
+    prefix = "" if verdict.cut is None else "CUT:"
+    return prefix + "".join(c["choices"][0]["delta"].get("content", "") for c in released)
+
+
+@pytest.mark.parametrize("mode", ["hold", "async"])
+def test_a_phrase_before_a_merged_delta_in_one_batch_is_read_whole(
+    mode: Literal["hold", "async"],
+) -> None:
+    """A one-token chunk, then a delta merged from many steps, in one batch: the counts of
+    the batch's chunks before its last are bounds from above, so no window ends there (one
+    did: it released " se" by a count it had not reached, and no window read "secret" whole;
+    in async mode it was never cut at all). Found by review."""
+    guard = _guard(mode=mode)
+    chat = [_chat({"content": t}) for t in FILLER]
+    delivered = asyncio.run(
+        _batches(
+            guard,
+            [
+                (4, chat),
+                (6, [_chat({"content": " and"}), _chat({"content": " se"})]),
+                (
+                    20,
+                    [
+                        _chat({"content": "c"}),
+                        _chat({"content": "ret, and the pool serves many of them"}),
+                        _chat({"content": " x"}),
+                    ],
+                ),
+            ],
+        )
+    )
+    assert delivered.startswith("CUT:")
+    if mode == "hold":
+        assert "secret" not in delivered
 
 
 def test_a_delta_merged_from_many_steps_is_read_with_the_edge_before_it() -> None:
