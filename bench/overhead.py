@@ -104,6 +104,8 @@ async def run(
                 "gateway_runs_s": walls["gateway"],
                 "tokens_per_s_direct": concurrency * args.tokens / direct,
                 "web_cpu_ms_per_request": cpu * 1000 / (args.reps * concurrency),
+                # The relay's cost per token: all web processes' CPU over the tokens streamed.
+                "web_cpu_us_per_token": cpu * 1e6 / (args.reps * concurrency * args.tokens),
             }
     return results
 
@@ -150,7 +152,8 @@ def main() -> None:
             f"{w['gateway_s']:.2f}s, ratio {w['ratio']:.3f} (per repetition "
             f"{w['ratio_per_rep_min_max'][0]:.2f}-{w['ratio_per_rep_min_max'][1]:.2f}; "
             f"direct {w['tokens_per_s_direct']:.0f} tok/s; web CPU "
-            f"{w['web_cpu_ms_per_request']:.1f} ms/request)"
+            f"{w['web_cpu_ms_per_request']:.1f} ms/request, "
+            f"{w['web_cpu_us_per_token']:.0f} us/token)"
         )
     print(f"results: {out.relative_to(ROOT)}")
 
