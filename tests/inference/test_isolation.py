@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.harness import percentile
 from tests.engines import ENGINE_HEADERS
 from tests.live import engine_counters, wait_for
 from tests.serving import World
@@ -66,9 +65,13 @@ def test_short_requests_beside_long_streams_cost_about_what_they_cost_direct(
 ) -> None:
     """Two long streams of another tenant run through the gateway; one-token requests go
     alternately through the gateway and straight to the engine. Through the gateway they
-    must take about as long as direct (p90 within 3x; bench/isolation.py measures ~1.2x).
-    With the engine at full scheduling weight the gateway's p90 was 8x direct (and seconds
-    at p99): the engine starved the gateway process."""
+    must take about as long as direct: the mean of the slowest tenth within 3x of direct's
+    (bench/isolation.py measures ~1.2x at p99). With the engine at full scheduling weight the
+    gateway's p90 was 8x direct (and seconds at p99): the engine starved the gateway process.
+    The slowest tenth's mean, not one order statistic: the machine stalls now and then, the
+    engine or the gateway, whichever request is running (a fresh-clone run failed at p90 of
+    40: direct's three stalls of 0.8-1.0 s sat above its p90, the gateway's of 0.3-0.9 s on
+    it)."""
     _, short_key = world.tenant()
     _, long_key = world.tenant()
     stop = threading.Event()
@@ -107,7 +110,7 @@ def test_short_requests_beside_long_streams_cost_about_what_they_cost_direct(
                 timeout=60,
                 every=0.05,
             )
-            for i in range(40):
+            for i in range(60):
                 for name in list(targets) if i % 2 else reversed(list(targets)):
                     url, headers = targets[name]
                     started = time.perf_counter()
@@ -117,5 +120,11 @@ def test_short_requests_beside_long_streams_cost_about_what_they_cost_direct(
             stop.set()
             for thread in threads:
                 thread.join(timeout=60)
-    ratio = percentile(timings["gateway"], 90) / percentile(timings["direct"], 90)
-    assert ratio <= 3, {name: sorted(v)[-5:] for name, v in timings.items()}
+    ratio = _slowest_tenth(timings["gateway"]) / _slowest_tenth(timings["direct"])
+    assert ratio <= 3, {name: sorted(v)[-8:] for name, v in timings.items()}
+
+
+def _slowest_tenth(values: list[float]) -> float:
+    """The mean of the slowest tenth (at least one value)."""
+    tail = sorted(values)[-max(1, len(values) // 10) :]
+    return sum(tail) / len(tail)
