@@ -13,6 +13,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from django.db import transaction
 from openai.types.chat import ChatCompletionMessageParam
 
 from billing.models import Price, UsageRecord
@@ -250,12 +251,16 @@ def test_revocation_and_suspension_during_a_redis_hiccup_still_take_effect(
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     redis_sync.cache_clear()
     try:
-        api_key_revoke(api_key=ApiKey.objects.get(tenant=tenant), actor=None)
-        tenant_update(tenant=suspended, actor=None, status="suspended")
+        with transaction.atomic():
+            api_key_revoke(api_key=ApiKey.objects.get(tenant=tenant), actor=None)
+            tenant_update(tenant=suspended, actor=None, status="suspended")
+            # In the outbox with the changes themselves. Counted before the commit: once
+            # committed, the stack's beat (whose Redis answers) may apply them at any moment
+            # (a fresh-clone run counted 1 here, the other already applied).
+            assert KeyCacheInvalidation.objects.count() == 2
     finally:
         settings.REDIS_URL = live_redis
         redis_sync.cache_clear()
-    assert KeyCacheInvalidation.objects.count() == 2  # kept until Redis takes them
 
     def refused(k: str) -> bool:
         try:
