@@ -443,8 +443,12 @@ def test_a_validation_that_hangs_is_stopped_by_the_time_limit(
             start_new_session=True,
         )
         try:
+            # The verdict, then its staging area emptied (after the verdict's commit: waiting
+            # on the status alone stopped the worker between the two in a fresh-clone run).
             wait_for(
-                lambda: Adapter.objects.filter(pk=adapter.pk, status="rejected").exists(),
+                lambda: Adapter.objects.filter(
+                    pk=adapter.pk, status="rejected", staging_path=""
+                ).exists(),
                 timeout=60,
             )
         except AssertionError:
