@@ -102,10 +102,10 @@ class Bench:
         _wait_http(f"{self.engine_url}/health", 300, self.processes[name], name)
         return self.engine_url
 
-    def web_cpu_seconds(self) -> float:
-        """CPU time (user + system) the web server has used so far: its process and every
-        process under it (uvicorn's workers), from /proc."""
-        web = self.processes.get("web")
+    def web_cpu_seconds(self, name: str = "web") -> float:
+        """CPU time (user + system) the web server (or another process by ``name``) has used
+        so far: its process and every process under it (uvicorn's workers), from /proc."""
+        web = self.processes.get(name)
         if web is None:
             return 0.0
         tick = os.sysconf("SC_CLK_TCK")

@@ -1,11 +1,15 @@
 """Gateway overhead: the same streaming work sent straight to the engine and through the
 gateway, interleaved in one run on one engine.
 
-Reports added TTFT (p50, p99) for one stream at a time, and the wall time of N concurrent
-streams (16 and 64) through the gateway divided by the same work sent direct.
-Goal: <= 2 ms added TTFT p50; wall-time ratio <= 1.10.
+Reports added TTFT (p50, p99) for one stream at a time, the wall time of N concurrent
+streams (16 and 64) through the gateway divided by the same work sent direct, and the web
+processes' CPU per streamed token. With ``--litellm``, LiteLLM's proxy (as many workers, in
+its own virtualenv: ``bench.peers``) streams the same concurrent work from the same engine in
+the same runs, and its CPU per token is printed beside the gateway's.
+Goals: <= 2 ms added TTFT p50; wall-time ratio <= 1.10; <= 40 us of web CPU per token.
 
-    .venv/bin/python -m bench.overhead [--pairs 60] [--reps 3] [--workers 1]
+    .venv/bin/python -m bench.overhead [--pairs 60] [--reps 3] [--workers 1] [--litellm]
+        [--coalesce-ms MS]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from bench.harness import ROOT, Bench, django_setup, percentile, seed, stream_body, tenant_key
+from bench.peers import LITELLM_KEY, start_litellm
 
 
 async def one_stream(
@@ -35,25 +40,32 @@ async def one_stream(
             if line.startswith(b"data: {"):
                 if not ttft:
                     ttft = time.perf_counter() - started
-                if b'"choices":[]' in line:  # the final usage chunk
+                if b'"usage":{' in line:  # the final usage chunk (LiteLLM's has a choice)
                     tokens = json.loads(line[6:])["usage"]["completion_tokens"]
     return ttft, time.perf_counter() - started, tokens
 
 
 async def run(
-    args: argparse.Namespace, engine: str, gateway: str, key: str, bench: Bench
+    args: argparse.Namespace, engine: str, gateway: str, key: str, bench: Bench, litellm: str
 ) -> dict[str, Any]:
     targets = {
         "direct": (f"{engine}/v1/chat/completions", {}),
         "gateway": (f"{gateway}/v1/chat/completions", {"authorization": f"Bearer {key}"}),
     }
+    # The peer streams the concurrent runs only: its CPU per token beside the gateway's.
+    peers = (
+        {"litellm": (f"{litellm}/v1/chat/completions", {"authorization": f"Bearer {LITELLM_KEY}"})}
+        if litellm
+        else {}
+    )
+    measured = {"gateway": "web", "litellm": "litellm"}  # whose CPU is read, by target
     results: dict[str, Any] = {}
     # aiohttp as the load generator too: its C parser leaves the CPU to what is measured.
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     async with aiohttp.ClientSession(connector=connector) as session:
         body = stream_body(max_tokens=16)
-        for _ in range(5):  # warm both paths (connections, caches)
-            for url, headers in targets.values():
+        for _ in range(5):  # warm every path (connections, caches)
+            for url, headers in [*targets.values(), *peers.values()]:
                 await one_stream(session, url, headers, body)
         ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
         cpu = 0.0  # the web server's CPU seconds spent on the gateway's streams
@@ -75,26 +87,29 @@ async def run(
         }
         body = stream_body(max_tokens=args.tokens)
         for concurrency in (16, 64):
-            walls: dict[str, list[float]] = {"direct": [], "gateway": []}
-            cpu = 0.0
+            runs = {**targets, **peers}
+            walls: dict[str, list[float]] = {name: [] for name in runs}
+            cpus = dict.fromkeys(runs, 0.0)
             for rep in range(args.reps):
-                order = list(targets) if rep % 2 == 0 else list(reversed(targets))
+                order = list(runs) if rep % 2 == 0 else list(reversed(runs))
                 for name in order:
-                    url, headers = targets[name]
-                    before = bench.web_cpu_seconds() if name == "gateway" else 0.0
+                    url, headers = runs[name]
+                    process = measured.get(name)
+                    before = bench.web_cpu_seconds(process) if process else 0.0
                     started = time.perf_counter()
                     done = await asyncio.gather(
                         *(one_stream(session, url, headers, body) for _ in range(concurrency))
                     )
                     walls[name].append(time.perf_counter() - started)
-                    if name == "gateway":
-                        cpu += bench.web_cpu_seconds() - before
+                    if process:
+                        cpus[name] += bench.web_cpu_seconds(process) - before
                     assert all(tokens == args.tokens for _, _, tokens in done), "short stream"
             direct, through = (
                 statistics.median(walls["direct"]),
                 statistics.median(walls["gateway"]),
             )
             ratios = sorted(g / d for g, d in zip(walls["gateway"], walls["direct"], strict=True))
+            tokens = args.reps * concurrency * args.tokens
             results[f"wall_{concurrency}"] = {
                 "direct_s": direct,
                 "gateway_s": through,
@@ -103,10 +118,16 @@ async def run(
                 "direct_runs_s": walls["direct"],
                 "gateway_runs_s": walls["gateway"],
                 "tokens_per_s_direct": concurrency * args.tokens / direct,
-                "web_cpu_ms_per_request": cpu * 1000 / (args.reps * concurrency),
+                "web_cpu_ms_per_request": cpus["gateway"] * 1000 / (args.reps * concurrency),
                 # The relay's cost per token: all web processes' CPU over the tokens streamed.
-                "web_cpu_us_per_token": cpu * 1e6 / (args.reps * concurrency * args.tokens),
+                "web_cpu_us_per_token": cpus["gateway"] * 1e6 / tokens,
             }
+            if peers:
+                results[f"wall_{concurrency}"]["litellm"] = {
+                    "wall_s": statistics.median(walls["litellm"]),
+                    "ratio": statistics.median(walls["litellm"]) / direct,
+                    "cpu_us_per_token": cpus["litellm"] * 1e6 / tokens,
+                }
     return results
 
 
@@ -116,6 +137,15 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each wall-time run")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per stream")
     parser.add_argument("--workers", type=int, default=1, help="gateway web processes")
+    parser.add_argument(
+        "--litellm", action="store_true", help="LiteLLM's proxy beside it (bench.peers)"
+    )
+    parser.add_argument(
+        "--coalesce-ms",
+        type=int,
+        default=None,
+        help="the gateway's INFERPLANE_STREAM_COALESCE_MS (default: its own default)",
+    )
     parser.add_argument(
         "--pin",
         action="store_true",
@@ -128,12 +158,19 @@ def main() -> None:
         engine = bench.start_engine()
         seed([engine], max_inflight=64)
         key = tenant_key("bench-overhead")
-        gateway = bench.start_gateway(workers=args.workers)
-        results = asyncio.run(run(args, engine, gateway, key, bench))
+        env = {}
+        if args.coalesce_ms is not None:
+            env["INFERPLANE_STREAM_COALESCE_MS"] = str(args.coalesce_ms)
+        gateway = bench.start_gateway(workers=args.workers, env=env)
+        litellm = ""
+        if args.litellm:
+            bench.processes["litellm"], litellm = start_litellm(engine, workers=args.workers)
+        results = asyncio.run(run(args, engine, gateway, key, bench, litellm))
     finally:
         bench.stop()
     results["config"] = vars(args)
     suffix = "-pinned" if args.pin else ""
+    suffix += f"-coalesce{args.coalesce_ms}" if args.coalesce_ms is not None else ""
     out = ROOT / "var" / "bench-results" / f"overhead-w{args.workers}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
@@ -155,6 +192,13 @@ def main() -> None:
             f"{w['web_cpu_ms_per_request']:.1f} ms/request, "
             f"{w['web_cpu_us_per_token']:.0f} us/token)"
         )
+        if "litellm" in w:
+            peer = w["litellm"]
+            print(
+                f"   LiteLLM's proxy: {peer['wall_s']:.2f}s, ratio {peer['ratio']:.3f}, "
+                f"CPU {peer['cpu_us_per_token']:.0f} us/token "
+                f"({peer['cpu_us_per_token'] / w['web_cpu_us_per_token']:.1f}x the gateway's)"
+            )
     print(f"results: {out.relative_to(ROOT)}")
 
 

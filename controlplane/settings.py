@@ -461,6 +461,9 @@ INFERPLANE_ENGINE_FIRST_BYTE_TIMEOUT_SECONDS = env_int(
 INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS = env_int(
     "INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS", 30, minimum=1
 )
+# A stream's tokens after its first are written at most this often: what the engine sends in
+# between goes out in one write (the first token never waits). 0 writes each read at once.
+INFERPLANE_STREAM_COALESCE_MS = env_int("INFERPLANE_STREAM_COALESCE_MS", 0, minimum=0)
 # A batch line's answer comes whole (not streamed): the longest it may take in all. Meanwhile
 # the line's replica is watched (the health probe marks a dead or stuck engine down within
 # seconds, and the line then moves at once); this bounds only what no probe sees. An answer

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -52,6 +52,30 @@ class Stalled(Exception):
     """The engine stopped sending mid-stream (a hung GPU, a stopped process, a partition)."""
 
 
+class _Watchdog:
+    """One timer per stream for the engine's silences: it wakes every ``stall`` seconds at
+    most, and ends a read that has waited that long with ``Stalled``. A read armed with its
+    own timeout would cost a timer set and cancelled per token; time spent writing to a slow
+    client is not the engine's silence and is not counted."""
+
+    __slots__ = ("_batches", "_handle", "_loop", "_stall")
+
+    def __init__(self, batches: SseBatches, stall: float, loop: asyncio.AbstractEventLoop) -> None:
+        self._batches, self._stall, self._loop = batches, stall, loop
+        self._handle = loop.call_later(stall, self._check)
+
+    def _check(self) -> None:
+        since = self._batches.waiting_since
+        if since is not None and self._loop.time() - since >= self._stall:
+            self._batches.stalled(Stalled(f"the engine sent nothing for {self._stall} s"))
+            return
+        start = self._loop.time() if since is None else since
+        self._handle = self._loop.call_at(start + self._stall, self._check)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
 def _transport_reason(exc: BaseException) -> str:
     """What went wrong with an engine's connection, for the ledger and the log. Tenants see
     the ledger's error: it must not name the replica's address (aiohttp's messages do)."""
@@ -73,7 +97,7 @@ class Relay:
         when something made before the relay reads them (a guard)."""
         self.call = call
         self.response: aiohttp.ClientResponse | None = None
-        self.batches: AsyncIterator[list[bytes]] | None = None
+        self.batches: SseBatches | None = None
         self.first: list[bytes] | None = None  # the engine's first event, until it is relayed
         self.read_to_end = False  # the engine's stream was read to its end ([DONE])
         self.last_progress = 0.0
@@ -81,6 +105,7 @@ class Relay:
         self.completion_by_choice: dict[int, int] = {} if tokens is None else tokens
         self.prompt_by_prompt: dict[int, int] = {}
         self.answer: dict[str, Any] | None = None  # a whole answer (``Call.whole``)
+        self.watchdog: _Watchdog | None = None  # while the stream is relayed
 
     async def start(self) -> None:
         """Connect and wait for the engine's first event, failing over between replicas."""
@@ -161,7 +186,7 @@ class Relay:
             self.first = first
             call.streaming()
             call.counts.ttft_ms = int((time.perf_counter() - call.t0) * 1000)
-            self.last_progress = time.monotonic()
+            self.last_progress = loop.time()
             return
         call.fail("no replica answered")
         raise overloaded(2, "No replica could serve the request. Retry shortly.")
@@ -223,9 +248,17 @@ class Relay:
         null_usage = include_usage and chat
         model = call.parsed.model
         batch, self.first = self.first, None
-        stall = settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS
+        batches = self.batches
+        loop = asyncio.get_running_loop()
+        clock = loop.time
+        # After a batch is written, the next read waits this long: what the engine sends
+        # meanwhile goes out in one write (the first token never waits).
+        hold = settings.INFERPLANE_STREAM_COALESCE_MS / 1000
+        self.watchdog = watchdog = _Watchdog(
+            batches, settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS, loop
+        )
         gaps = metrics.TokenGaps()
-        clock = time.perf_counter
+        loads, count = orjson.loads, self._count
         last = clock()
         try:
             while True:
@@ -235,11 +268,11 @@ class Relay:
                         self.read_to_end = True
                         call.end()
                         break
-                    chunk = orjson.loads(data)
+                    chunk = loads(data)
                     if "choices" not in chunk and "error" in chunk:
                         message = str(chunk["error"].get("message", "engine error"))
                         raise MidStreamError(message[:300])
-                    self._count(chunk.pop("usage", None), chunk.get("choices"))
+                    count(chunk.pop("usage", None), chunk.get("choices"))
                     if clean(chunk, model, chat):
                         if null_usage:
                             chunk["usage"] = None
@@ -251,20 +284,28 @@ class Relay:
                     yield out
                 if self.read_to_end:
                     return
-                if time.monotonic() - self.last_progress >= PROGRESS_SECONDS:
-                    await self._progress()
+                now = clock()
+                if now - self.last_progress >= PROGRESS_SECONDS:
+                    await self._progress(now)
+                if hold and (wait := hold - now % hold) > 0:
+                    # The engine's events wait in the socket meanwhile, read in one go.
+                    transport = self._transport()
+                    if transport is not None:
+                        transport.pause_reading()
+                    try:
+                        await asyncio.sleep(wait)
+                    finally:
+                        if transport is not None and not transport.is_closing():
+                            transport.resume_reading()
                 try:
-                    async with asyncio.timeout(stall):
-                        batch = await anext(self.batches)
-                    now = clock()
-                    gaps.add(now - last)
-                    last = now
+                    batch = await anext(batches)
                 except StopAsyncIteration:  # ended without [DONE]; vLLM always sends it
                     self.read_to_end = True
                     call.end()
                     return
-                except TimeoutError:
-                    raise Stalled(f"the engine sent nothing for {stall} s") from None
+                now = clock()
+                gaps.add(now - last)
+                last = now
         except Stalled as exc:
             call.fail(f"{call.replica_name}: engine stalled mid-stream: {exc}")
             await self._suspect()
@@ -273,7 +314,15 @@ class Relay:
             call.fail(f"{call.replica_name}: engine failed mid-stream: {_transport_reason(exc)}")
             raise MidStreamError(call.error) from exc
         finally:
+            watchdog.stop()
             gaps.flush(pool=call.route.pool, model=call.base_model or call.parsed.model)
+
+    def _transport(self) -> asyncio.ReadTransport | None:
+        """The engine connection's transport (uvloop's is not an ``asyncio.Transport``
+        subclass, but has its methods)."""
+        connection = self.response.connection if self.response is not None else None
+        transport = connection.transport if connection is not None else None
+        return cast("asyncio.ReadTransport | None", transport)
 
     def _count(self, usage: dict[str, Any] | None, choices: list[dict[str, Any]] | None) -> None:
         """The engine's counts so far. Continuous usage stats are per sequence: a chunk of
@@ -316,6 +365,8 @@ class Relay:
         ``DRAIN_IDLE_SECONDS`` (up to ``DRAIN_CAP_SECONDS``), then closed, which aborts it:
         then the steps it was running when the connection closed are not billed.
         """
+        if self.watchdog is not None:
+            self.watchdog.stop()  # the drain bounds its own waits
         if self.batches is None or self.read_to_end:
             return
         try:
@@ -333,7 +384,13 @@ class Relay:
                 if self._count_raw(batch):
                     self.read_to_end = True
                     return
-        except (TimeoutError, StopAsyncIteration, *TRANSPORT_ERRORS, orjson.JSONDecodeError):
+        except (
+            TimeoutError,
+            StopAsyncIteration,
+            Stalled,
+            *TRANSPORT_ERRORS,
+            orjson.JSONDecodeError,
+        ):
             return
 
     async def _abort(self) -> bool:
@@ -365,9 +422,9 @@ class Relay:
             self._count(chunk.get("usage"), chunk.get("choices"))
         return False
 
-    async def _progress(self) -> None:
+    async def _progress(self, now: float) -> None:
         call = self.call
-        self.last_progress = time.monotonic()
+        self.last_progress = now
         delta = call.counts.completion - call.counts.progressed
         if delta <= 0:
             return
@@ -378,6 +435,8 @@ class Relay:
             log.warning("could not charge progress of %s", call.rid)
 
     async def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.response is not None:
             if self.read_to_end:
                 self.response.release()  # read to the end: the connection is reused

@@ -63,20 +63,30 @@ class SseBatches:
     An object rather than an async generator: a read cancelled while it waits (the client
     left, a timeout) would close a generator for good, and with it the rest of the engine's
     stream; here the wait is all that is cancelled (aiohttp's ``readany`` loses nothing), so
-    ``Relay.drain`` can still read the engine's last events and its final count."""
+    ``Relay.drain`` can still read the engine's last events and its final count.
 
-    __slots__ = ("_buffer", "_content")
+    ``waiting_since`` is when the read now waiting began (None when none waits): the relay's
+    one watchdog per stream reads it, rather than a timer armed and cancelled per read.
+    """
+
+    __slots__ = ("_buffer", "_content", "_time", "waiting_since")
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._content = response.content
         self._buffer = b""
+        self._time = asyncio.get_running_loop().time
+        self.waiting_since: float | None = None
 
     def __aiter__(self) -> SseBatches:
         return self
 
     async def __anext__(self) -> list[bytes]:
         while b"\n\n" not in self._buffer:
-            data = await self._content.readany()
+            self.waiting_since = self._time()
+            try:
+                data = await self._content.readany()
+            finally:
+                self.waiting_since = None
             if not data:
                 raise StopAsyncIteration
             self._buffer += data
@@ -86,6 +96,10 @@ class SseBatches:
             for e in events
             if e.startswith(b"data:")
         ]
+
+    def stalled(self, exc: BaseException) -> None:
+        """End the read now waiting (and any later one) with ``exc``."""
+        self._content.set_exception(exc)
 
 
 def engine_error(status: int, body: bytes) -> ApiError:

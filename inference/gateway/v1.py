@@ -39,6 +39,7 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 SSE_DONE = b"data: [DONE]\n\n"
+YIELD_EVERY = 8  # batches written between two forced yields to the event loop
 
 
 def sse_frame(batch: list[dict[str, Any]]) -> bytes:
@@ -236,12 +237,19 @@ class CompletionConsumer(GatewayHttpConsumer):
 
     async def stream(self, life: Lifecycle) -> None:
         await self.send_headers(status=200, headers=[*SSE_HEADERS, *life.call.headers])
+        send = self.base_send  # the server's own: Channels' send() only calls it
+        written = 0
         try:
             async for batch in life:
-                await self.send_body(sse_frame(batch), more_body=True)
-                # Neither call above need suspend (the engine's data may be buffered already,
-                # and the socket accepts the write): yield, so a client that left is noticed.
-                await asyncio.sleep(0)
+                await send(
+                    {"type": "http.response.body", "body": sse_frame(batch), "more_body": True}
+                )
+                # Neither await above need suspend (the engine's data may be buffered already,
+                # and the socket accepts the write): yield now and then, so a client that left
+                # is noticed within a few batches.
+                written += 1
+                if not written % YIELD_EVERY:
+                    await asyncio.sleep(0)
         except MidStreamError as exc:
             await self.send_body(sse_error(str(exc)), more_body=True)
         await self.send_body(SSE_DONE)

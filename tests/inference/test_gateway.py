@@ -4,6 +4,7 @@ real vLLM CPU engine."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -24,8 +25,9 @@ from inference.catalog import catalog_publish
 from inference.models import KeyCacheInvalidation
 from tenants.models import ApiKey, AuditEvent
 from tenants.services import api_key_limits_update, api_key_revoke, tenant_update
+from tests.engines import Engine
 from tests.live import settled_counters, wait_for
-from tests.serving import World
+from tests.serving import World, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -583,3 +585,63 @@ def test_ledger_equals_engine_counters(world: World) -> None:
     assert 0 <= engine_generated - sum(r.completion_tokens for r in records) <= 4
     # The clients that left early are billed for what the engine made, not what they read.
     assert {r.status for r in records} <= {"ok", "cut_off"}
+
+
+# --- Coalesced streams --------------------------------------------------------------------
+
+
+def _written_chunks(url: str, key: str, body: dict[str, Any]) -> list[bytes]:
+    """A streamed answer as the gateway wrote it: its HTTP chunks, one per write (read from
+    the socket, not through a client that would merge or split them)."""
+    host, port = url.removeprefix("http://").split(":")
+    payload = orjson.dumps(body)
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: %b\r\nauthorization: Bearer %b\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+            % (host.encode(), key.encode(), len(payload), payload)
+        )
+        data = b""
+        while not data.endswith(b"\r\n0\r\n\r\n"):
+            got = sock.recv(65536)
+            assert got, data
+            data += got
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    chunks: list[bytes] = []
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        if int(size, 16) == 0:
+            return chunks
+        chunks.append(rest[: int(size, 16)])
+        rest = rest[int(size, 16) + 2 :]
+
+
+def test_a_coalesced_stream_writes_once_per_interval_and_loses_nothing(
+    engine: Engine, serving_db_url: str, stack_factory: Any
+) -> None:
+    """INFERPLANE_STREAM_COALESCE_MS: after its first write, a stream is written at most once
+    per interval (what the engine sent meanwhile goes out in one write), and the answer is the
+    same, token for token, as the non-streamed one, with its usage chunk and [DONE]."""
+    world_rows([engine])
+    stack = stack_factory(
+        serving_db_url, name="coalesce", extra_env={"INFERPLANE_STREAM_COALESCE_MS": "300"}
+    )
+    world = World(stack=stack, engines=[engine])
+    _, key = world.tenant()
+    args: dict[str, Any] = dict(model="tiny-chat", messages=CHAT, max_tokens=40, temperature=0)
+    whole = stack.openai(key).chat.completions.create(**args)
+    started = time.monotonic()
+    chunks = _written_chunks(
+        stack.url, key, {**args, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    took = time.monotonic() - started
+    events = [e for chunk in chunks for e in chunk.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    parsed = [orjson.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in parsed if c["choices"])
+    assert text == whole.choices[0].message.content
+    assert whole.usage is not None
+    assert parsed[-1]["usage"]["completion_tokens"] == whole.usage.completion_tokens == 40
+    # The first write, then at most one per 0.3 s tick the stream spanned, then [DONE]'s.
+    assert len(chunks) <= 1 + (took // 0.3 + 1) + 1, (len(chunks), len(events), took)
