@@ -163,7 +163,8 @@ test-under-load: setup promtool
 # BENCH_REDIS_URL) and start their own engine and gateway.
 bench: setup
 	$(PY) -m bench.overhead
-	$(PY) -m bench.overhead --workers 2
+	$(PY) -m bench.overhead --workers 2 --litellm
+	$(PY) -m bench.overhead --workers 2 --coalesce-ms 50
 	$(PY) -m bench.fairness
 	$(PY) -m bench.ledger
 	$(PY) -m bench.lora

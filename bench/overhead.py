@@ -6,10 +6,12 @@ streams (16 and 64) through the gateway divided by the same work sent direct, an
 processes' CPU per streamed token. With ``--litellm``, LiteLLM's proxy (as many workers, in
 its own virtualenv: ``bench.peers``) streams the same concurrent work from the same engine in
 the same runs, and its CPU per token is printed beside the gateway's.
+With ``--floor``, a pass-through relay under the same server (``bench.floor_relay``) does the
+same, the floor of the gateway's per-token cost on this machine.
 Goals: <= 2 ms added TTFT p50; wall-time ratio <= 1.10; <= 40 us of web CPU per token.
 
     .venv/bin/python -m bench.overhead [--pairs 60] [--reps 3] [--workers 1] [--litellm]
-        [--coalesce-ms MS]
+        [--floor] [--coalesce-ms MS]
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from bench.harness import ROOT, Bench, django_setup, percentile, seed, stream_body, tenant_key
-from bench.peers import LITELLM_KEY, start_litellm
+from bench.peers import LITELLM_KEY, start_floor, start_litellm
 
 
 async def one_stream(
@@ -46,19 +48,23 @@ async def one_stream(
 
 
 async def run(
-    args: argparse.Namespace, engine: str, gateway: str, key: str, bench: Bench, litellm: str
+    args: argparse.Namespace,
+    engine: str,
+    gateway: str,
+    key: str,
+    bench: Bench,
+    peer_urls: dict[str, str],
 ) -> dict[str, Any]:
     targets = {
         "direct": (f"{engine}/v1/chat/completions", {}),
         "gateway": (f"{gateway}/v1/chat/completions", {"authorization": f"Bearer {key}"}),
     }
-    # The peer streams the concurrent runs only: its CPU per token beside the gateway's.
-    peers = (
-        {"litellm": (f"{litellm}/v1/chat/completions", {"authorization": f"Bearer {LITELLM_KEY}"})}
-        if litellm
-        else {}
-    )
-    measured = {"gateway": "web", "litellm": "litellm"}  # whose CPU is read, by target
+    # The peers stream the concurrent runs only: their CPU per token beside the gateway's.
+    peer_headers = {"litellm": {"authorization": f"Bearer {LITELLM_KEY}"}, "floor": {}}
+    peers = {
+        name: (f"{url}/v1/chat/completions", peer_headers[name]) for name, url in peer_urls.items()
+    }
+    measured = {"gateway": "web", "litellm": "litellm", "floor": "floor"}  # whose CPU is read
     results: dict[str, Any] = {}
     # aiohttp as the load generator too: its C parser leaves the CPU to what is measured.
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
@@ -122,11 +128,11 @@ async def run(
                 # The relay's cost per token: all web processes' CPU over the tokens streamed.
                 "web_cpu_us_per_token": cpus["gateway"] * 1e6 / tokens,
             }
-            if peers:
-                results[f"wall_{concurrency}"]["litellm"] = {
-                    "wall_s": statistics.median(walls["litellm"]),
-                    "ratio": statistics.median(walls["litellm"]) / direct,
-                    "cpu_us_per_token": cpus["litellm"] * 1e6 / tokens,
+            for name in peers:
+                results[f"wall_{concurrency}"][name] = {
+                    "wall_s": statistics.median(walls[name]),
+                    "ratio": statistics.median(walls[name]) / direct,
+                    "cpu_us_per_token": cpus[name] * 1e6 / tokens,
                 }
     return results
 
@@ -139,6 +145,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="gateway web processes")
     parser.add_argument(
         "--litellm", action="store_true", help="LiteLLM's proxy beside it (bench.peers)"
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="a pass-through relay under uvicorn beside it (bench.floor_relay)",
     )
     parser.add_argument(
         "--coalesce-ms",
@@ -162,10 +173,14 @@ def main() -> None:
         if args.coalesce_ms is not None:
             env["INFERPLANE_STREAM_COALESCE_MS"] = str(args.coalesce_ms)
         gateway = bench.start_gateway(workers=args.workers, env=env)
-        litellm = ""
+        peers: dict[str, str] = {}
         if args.litellm:
-            bench.processes["litellm"], litellm = start_litellm(engine, workers=args.workers)
-        results = asyncio.run(run(args, engine, gateway, key, bench, litellm))
+            bench.processes["litellm"], peers["litellm"] = start_litellm(
+                engine, workers=args.workers
+            )
+        if args.floor:
+            bench.processes["floor"], peers["floor"] = start_floor(engine, workers=args.workers)
+        results = asyncio.run(run(args, engine, gateway, key, bench, peers))
     finally:
         bench.stop()
     results["config"] = vars(args)
@@ -192,13 +207,14 @@ def main() -> None:
             f"{w['web_cpu_ms_per_request']:.1f} ms/request, "
             f"{w['web_cpu_us_per_token']:.0f} us/token)"
         )
-        if "litellm" in w:
-            peer = w["litellm"]
-            print(
-                f"   LiteLLM's proxy: {peer['wall_s']:.2f}s, ratio {peer['ratio']:.3f}, "
-                f"CPU {peer['cpu_us_per_token']:.0f} us/token "
-                f"({peer['cpu_us_per_token'] / w['web_cpu_us_per_token']:.1f}x the gateway's)"
-            )
+        for name, title in (("litellm", "LiteLLM's proxy"), ("floor", "pass-through floor")):
+            if name in w:
+                peer = w[name]
+                print(
+                    f"   {title}: {peer['wall_s']:.2f}s, ratio {peer['ratio']:.3f}, "
+                    f"CPU {peer['cpu_us_per_token']:.0f} us/token "
+                    f"({peer['cpu_us_per_token'] / w['web_cpu_us_per_token']:.2f}x the gateway's)"
+                )
     print(f"results: {out.relative_to(ROOT)}")
 
 

@@ -60,14 +60,38 @@ def start_litellm(engine_url: str, *, workers: int) -> tuple[subprocess.Popen[by
             command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     url = f"http://127.0.0.1:{port}"
+    _wait_ready(process, f"{url}/health/liveliness", f"litellm-{port}", ok=(200,))
+    return process, url
+
+
+def _wait_ready(
+    process: subprocess.Popen[bytes], url: str, name: str, *, ok: tuple[int, ...]
+) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            sys.exit(f"LiteLLM exited; see {LOGS / f'litellm-{port}.log'}")
+            sys.exit(f"{name} exited; see {LOGS / f'{name}.log'}")
         try:
-            if httpx.get(f"{url}/health/liveliness", timeout=1).status_code == 200:
-                return process, url
+            if httpx.get(url, timeout=1).status_code in ok:
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    sys.exit(f"LiteLLM not ready after 120 s; see {LOGS / f'litellm-{port}.log'}")
+    sys.exit(f"{name} not ready after 120 s; see {LOGS / f'{name}.log'}")
+
+
+def start_floor(engine_url: str, *, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+    """``bench.floor_relay`` under uvicorn with ``workers`` processes, as the gateway runs."""
+    port = free_port()
+    LOGS.mkdir(parents=True, exist_ok=True)
+    command = [str(Path(sys.executable).parent / "uvicorn"), "bench.floor_relay:app"]
+    command += ["--port", str(port), "--workers", str(workers), "--no-access-log"]
+    command += ["--lifespan", "off"]
+    env = {**os.environ, "ENGINE_URL": engine_url}
+    with (LOGS / f"floor-{port}.log").open("wb") as log:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    _wait_ready(process, f"{url}/health", f"floor-{port}", ok=(200, 404, 405))
+    return process, url

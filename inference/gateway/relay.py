@@ -251,9 +251,10 @@ class Relay:
         batches = self.batches
         loop = asyncio.get_running_loop()
         clock = loop.time
-        # After a batch is written, the next read waits this long: what the engine sends
-        # meanwhile goes out in one write (the first token never waits).
-        hold = settings.INFERPLANE_STREAM_COALESCE_MS / 1000
+        # INFERPLANE_STREAM_COALESCE_MS: after a batch is written, the next read waits for
+        # the interval's next tick; what the engine sends meanwhile goes out in one write
+        # (the first token never waits).
+        hold = settings.INFERPLANE_STREAM_COALESCE_MS  # in ms: the loop's clock counts them
         self.watchdog = watchdog = _Watchdog(
             batches, settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS, loop
         )
@@ -287,8 +288,12 @@ class Relay:
                 now = clock()
                 if now - self.last_progress >= PROGRESS_SECONDS:
                     await self._progress(now)
-                if hold and (wait := hold - now % hold) > 0:
-                    # The engine's events wait in the socket meanwhile, read in one go.
+                if hold:
+                    # Until the next tick of the interval on the loop's clock, shared by all
+                    # streams (a full interval when on one: uvloop's clock counts whole
+                    # milliseconds, and float arithmetic would round a tick to just short of
+                    # the next). The engine's events wait in the socket meanwhile.
+                    wait = (hold - round(clock() * 1000) % hold) / 1000
                     transport = self._transport()
                     if transport is not None:
                         transport.pause_reading()
