@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import LOGS, ROOT, free_port
+from bench.harness import LOGS, ROOT, _spawn, free_port
 
 # LiteLLM's proxy: the most-used open gateway in front of vLLM. 1.106.12 is the newest release
 # whose ``[proxy]`` extra installs from PyPI alone (later ones need a ``litellm-proxy`` package
@@ -83,15 +83,10 @@ def _wait_ready(
 def start_floor(engine_url: str, *, workers: int) -> tuple[subprocess.Popen[bytes], str]:
     """``bench.floor_relay`` under uvicorn with ``workers`` processes, as the gateway runs."""
     port = free_port()
-    LOGS.mkdir(parents=True, exist_ok=True)
     command = [str(Path(sys.executable).parent / "uvicorn"), "bench.floor_relay:app"]
     command += ["--port", str(port), "--workers", str(workers), "--no-access-log"]
     command += ["--lifespan", "off"]
-    env = {**os.environ, "ENGINE_URL": engine_url}
-    with (LOGS / f"floor-{port}.log").open("wb") as log:
-        process = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    process = _spawn(f"floor-{port}", command, {"ENGINE_URL": engine_url})
     url = f"http://127.0.0.1:{port}"
     _wait_ready(process, f"{url}/health", f"floor-{port}", ok=(200, 404, 405))
     return process, url
