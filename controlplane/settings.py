@@ -163,6 +163,10 @@ CHANNEL_LAYERS = {
 # --- Celery (broker = Redis; every periodic schedule is declared here and only here) -------
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+# On Redis, kombu's transport with one fix: a worker outlives a Redis restart (see the module).
+# (rediss:// keeps kombu's own: kombu picks its TLS defaults by that scheme's transport name.)
+if CELERY_BROKER_URL.startswith("redis://"):
+    CELERY_BROKER_TRANSPORT = "controlplane.broker:Transport"
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

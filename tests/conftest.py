@@ -46,6 +46,7 @@ contract.install()
 # (uvicorn, Celery worker and beat as processes). ``make test-quick`` runs neither. Every
 # fixture that gives a test an engine is named ``engine`` or ``*_engine``.
 STACK_FIXTURES = frozenset({"serving_db_url", "stack_factory"})
+STACK_LOG_LINES = 60  # of each live process's log, shown under a failed test
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
@@ -72,6 +73,28 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from tests import engines
 
     engines.stop_all()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    from tests import live
+
+    live.SPAWNED_LOGS.clear()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test that ran live processes shows the end of what each wrote during it: CI
+    runs in a clone that is gone afterwards, and a flake is read from its report or not at all."""
+    from tests import live
+
+    report = yield
+    if report.failed and call.when != "teardown":
+        for path, start in live.SPAWNED_LOGS:
+            with path.open("rb") as log:
+                log.seek(start)
+                lines = log.read().decode(errors="replace").splitlines()[-STACK_LOG_LINES:]
+            report.sections.append((f"Captured {path.name} (its end)", "\n".join(lines)))
+    return report
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis as redis_lib
 from django.conf import settings
 from openai import AsyncOpenAI, OpenAI
 
@@ -56,9 +57,15 @@ class Stack:
                 os.killpg(process.pid, signal.SIGKILL)
 
 
+# The logs the current test's processes write to, each with where this test's part begins: a
+# failing test shows their tails (conftest), so a failure in CI's throwaway clone can be read.
+SPAWNED_LOGS: list[tuple[Path, int]] = []
+
+
 def _spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     with (LOG_DIR / f"{name}.log").open("ab") as log:
+        SPAWNED_LOGS.append((LOG_DIR / f"{name}.log", log.tell()))
         return subprocess.Popen(
             args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -233,3 +240,41 @@ def stack_factory() -> Iterator[Callable[..., Stack]]:
     yield make
     for stack in started:
         stack.stop()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[tuple[str, Any]]:
+    """A Redis of the test's own, to kill and start again (empty: nothing kept on disk):
+    ``(url, (start, kill))``."""
+    port = free_port()
+    args = [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    state: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start() -> None:
+        state["p"] = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
+        wait_for(lambda: _pings(port), timeout=10)
+
+    def kill() -> None:
+        os.killpg(state["p"].pid, signal.SIGKILL)
+        state["p"].wait()
+
+    start()
+    yield f"redis://127.0.0.1:{port}/0", (start, kill)
+    kill()
+
+
+def _pings(port: int) -> bool:
+    try:
+        return bool(redis_lib.Redis(port=port).ping())
+    except redis_lib.ConnectionError:
+        return False

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from billing.spool import spool_length
 from fleet.models import Pool, Replica
 from inference.catalog import catalog_publish
 from inference.services import pool_configure, replica_probe, replica_set_state
-from tests.engines import LOG_DIR, Engine, free_port, started_engine
+from tests.engines import LOG_DIR, Engine, started_engine
 from tests.live import settled_counters, wait_for
 from tests.serving import World, world_rows
 
@@ -484,42 +483,6 @@ def _db_url() -> str:
 
 
 # --- Redis restarted ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def private_redis() -> Iterator[tuple[str, Any]]:
-    port = free_port()
-    args = [
-        "redis-server",
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    state: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start() -> None:
-        state["p"] = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
-        wait_for(lambda: _pings(port), timeout=10)
-
-    def kill() -> None:
-        os.killpg(state["p"].pid, signal.SIGKILL)
-        state["p"].wait()
-
-    start()
-    yield f"redis://127.0.0.1:{port}/0", (start, kill)
-    kill()
-
-
-def _pings(port: int) -> bool:
-    try:
-        return bool(redis_lib.Redis(port=port).ping())
-    except redis_lib.ConnectionError:
-        return False
 
 
 def test_gateway_recovers_from_a_redis_restart_by_itself(
