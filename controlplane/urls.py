@@ -1,5 +1,6 @@
 from django.contrib import admin
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponseRedirect, JsonResponse
+from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
@@ -9,6 +10,12 @@ from controlplane import auth_apis
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
+
+
+def favicon(request: HttpRequest) -> HttpResponseRedirect:
+    """Pages name their icon; this is for clients that ask for the conventional path anyway
+    (resolved per request: the static files' manifest is read when it exists)."""
+    return HttpResponseRedirect(static("dashboard/favicon.svg"))
 
 
 # The Swagger UI page with the CSP nonce on its inline set-up script and style.
@@ -34,6 +41,7 @@ urlpatterns = [
     path("", RedirectView.as_view(url="/app/", permanent=False)),
     path("app/", include("dashboard.urls")),
     path("healthz", healthz, name="healthz"),
+    path("favicon.ico", favicon),
     path("admin/", admin.site.urls),
     path("api/", include(api_patterns)),
     path("", include("batches.urls")),  # /v1/files, /v1/batches

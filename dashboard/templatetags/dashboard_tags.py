@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from django import template
 
 from billing.pricing import micros_to_usd
@@ -20,3 +23,12 @@ def cents(value: int | None) -> str:
 def usd(micros: int | None) -> str:
     """Micro-dollars as exact dollars, the ledger's precision (1234567 -> "1.234567")."""
     return micros_to_usd(int(micros or 0))
+
+
+@register.filter
+def as_json(value: Any, indent: int | None = None) -> str:
+    """An audit entry's details as JSON (what the API returns), not Python's repr; ``indent``
+    for the whole value, shown when the row is opened. Escaped by the template like any text."""
+    if value in (None, "", {}):
+        return ""
+    return json.dumps(value, indent=indent, ensure_ascii=False, sort_keys=True, default=str)

@@ -7,6 +7,7 @@ anything.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -162,6 +163,32 @@ def test_a_key_is_shown_once_and_revoking_it_locks_the_gateway_out(
     wait_for(refused, timeout=10)
 
 
+def test_a_long_name_keeps_every_action_in_sight_and_details_read_as_json(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    name = "k" * 100  # the longest name the form takes, with nowhere to break a line
+    log_in(page, dash_stack, people.owner)
+    page.get_by_role("link", name="API keys").click()
+    page.get_by_label("Name").fill(name)
+    page.get_by_role("button", name="Create key").click()
+    page.goto(f"{dash_stack.url}/app/t/acme/keys/")
+    key = ApiKey.objects.get(tenant=people.tenant, name=name)
+    row = page.locator(f"tr[data-prefix='{key.prefix}']")
+    expect(row).to_contain_text(name)  # the whole name, wrapped
+    for action in ("Rotate", "Revoke"):
+        expect(row.get_by_role("button", name=action)).to_be_in_viewport(ratio=1)
+    shot(page, "keys-long-name")
+
+    page.goto(f"{dash_stack.url}/app/t/acme/audit/")
+    entry = page.locator("tr[data-action='api_key.create']").first
+    opened = entry.locator("details")
+    expect(opened.locator("summary")).to_be_in_viewport(ratio=1)
+    opened.locator("summary").click()
+    details = json.loads(opened.locator("pre").inner_text())  # JSON, as the API gives it
+    assert details["name"] == name and details["prefix"] == key.prefix
+    shot(page, "audit-details")
+
+
 def test_a_viewer_sees_no_key_creation_and_an_outsider_gets_404(
     page: Page, dash_stack: Stack, people: TenantPeople
 ) -> None:
@@ -179,6 +206,36 @@ def test_a_viewer_sees_no_key_creation_and_an_outsider_gets_404(
         response = page.goto(f"{dash_stack.url}{url}")
         assert response is not None and response.status == 404
     shot(page, "outsider-404")
+
+
+def test_finance_sees_only_what_it_may_use_and_errors_are_styled_pages(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    missing: list[str] = []  # every 404 the browser met, the favicon's included
+    page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+    log_in(page, dash_stack, people.finance)
+    nav = page.locator("nav.sections")
+    expect(nav.get_by_role("link", name="Invoices")).to_be_visible()
+    expect(nav.get_by_role("link", name="Playground")).to_have_count(0)  # it cannot get a key
+    expect(nav.get_by_role("link", name="Audit log")).to_have_count(0)
+    assert missing == []
+
+    response = page.goto(f"{dash_stack.url}/app/t/acme/audit/")
+    assert response is not None and response.status == 403
+    expect(page.locator("[data-error-page='403']")).to_be_visible()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Not allowed")
+    expect(page.get_by_role("link", name="Back to the dashboard")).to_be_visible()
+    # styled by the dashboard's own stylesheet (the page's card, not the browser's default)
+    radius = page.locator("[data-error-page]").evaluate("e => getComputedStyle(e).borderRadius")
+    assert radius not in ("", "0px")
+    shot(page, "finance-403")
+
+    missing.clear()
+    response = page.goto(f"{dash_stack.url}/app/t/no-such-tenant/")
+    assert response is not None and response.status == 404
+    expect(page.locator("[data-error-page='404']")).to_be_visible()
+    assert missing == [f"{dash_stack.url}/app/t/no-such-tenant/"]  # the page alone: its icon loads
+    shot(page, "not-found")
 
 
 def test_the_usage_chart_draws_real_data(
@@ -253,10 +310,34 @@ def test_an_adapter_upload_shows_progress_then_its_verdict(
     expect(broken.locator(".reason")).not_to_be_empty()
     shot(page, "adapters")
 
-    page.once("dialog", lambda dialog: dialog.accept())
+    # An upload the server refuses (a name its rules reject) shows why, on the same page...
+    page.get_by_label("Name").fill("Not A Name!")
+    page.get_by_label("adapter_config.json").set_input_files(tmp_path / "adapter_config.json")
+    page.get_by_label("adapter_model.safetensors").set_input_files(tmp_path / "bad.safetensors")
+    page.get_by_role("button", name="Upload").click()
+    refused = page.locator("[data-upload-error]")
+    expect(refused).to_be_visible()
+    expect(refused).not_to_be_empty()
+    expect(page.locator("[data-progress]")).to_be_hidden()
+    expect(page.get_by_role("button", name="Upload")).to_be_enabled()
+    assert not Adapter.objects.filter(name__iexact="not a name!").exists()
+    shot(page, "adapters-refused")
+    # ...whose scripts still run: Delete asks first, and a "no" keeps the version.
+    asked: list[str] = []
+
+    def answer(dialog: Any, accept: bool) -> None:
+        asked.append(dialog.message)
+        dialog.accept() if accept else dialog.dismiss()
+
+    page.once("dialog", lambda dialog: answer(dialog, accept=False))
+    broken.get_by_role("button", name="Delete").click()
+    expect(page.locator("tr[data-adapter='broken:1']")).to_have_count(1)
+    assert len(asked) == 1 and Adapter.objects.get(name="broken").deleted_at is None
+
+    page.once("dialog", lambda dialog: answer(dialog, accept=True))
     broken.get_by_role("button", name="Delete").click()
     expect(page.locator("tr[data-adapter='broken:1']")).to_have_count(0)
-    assert Adapter.objects.get(name="broken").deleted_at is not None
+    assert len(asked) == 2 and Adapter.objects.get(name="broken").deleted_at is not None
 
 
 def test_an_owner_invites_and_the_invitee_signs_up_through_the_link(

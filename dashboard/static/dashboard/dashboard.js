@@ -23,11 +23,11 @@ document.querySelectorAll("button[data-copy]").forEach((button) => {
   });
 });
 
-// Destructive actions ask first.
-document.querySelectorAll("form[data-confirm]").forEach((form) => {
-  form.addEventListener("submit", (event) => {
-    if (!window.confirm(form.dataset.confirm)) event.preventDefault();
-  });
+// Destructive actions ask first: listened for on the document, so that rows a live table
+// swapped in (htmx) ask too.
+document.addEventListener("submit", (event) => {
+  const form = event.target.closest("form[data-confirm]");
+  if (form && !window.confirm(form.dataset.confirm)) event.preventDefault();
 });
 
 // Adapter upload with a progress bar (XHR, so the browser reports bytes sent).
@@ -55,8 +55,18 @@ document.querySelectorAll("form[data-upload]").forEach((form) => {
       if (xhr.status < 400 && xhr.responseURL) {
         window.location.assign(xhr.responseURL);  // the page, with the new version validating
       } else {
-        // The server's page with the form errors: show it as it is.
-        document.open(); document.write(xhr.responseText); document.close();
+        // The server answered with its page and the form's errors: show those errors here and
+        // keep this page (its scripts, its confirmations, the files chosen) as it is.
+        const served = new DOMParser().parseFromString(xhr.responseText, "text/html")
+          .querySelector("form[data-upload]");
+        const messages = served
+          ? [...served.querySelectorAll(".error:not([hidden])")].map((e) => e.textContent.trim()).filter(Boolean)
+          : [];
+        error.textContent = messages.length
+          ? messages.join(" ")
+          : `The server refused the upload (HTTP ${xhr.status}). Nothing was stored.`;
+        error.hidden = false;
+        bar.hidden = true;
       }
     });
     xhr.addEventListener("error", () => {
