@@ -54,7 +54,7 @@ def recent_problems(*, tenant: Tenant, limit: int = 10) -> QuerySet[UsageRecord]
     )
 
 
-USAGE_COLUMNS = ("day", "model", "adapter", "api_key__prefix", "mode")
+USAGE_COLUMNS = ("day", "model", "adapter", "api_key__prefix", "api_key__name", "mode")
 
 
 def usage_rows(
@@ -215,10 +215,13 @@ def ops_tenants(*, query: str, page: str | int | None) -> Page[Tenant]:
 def playground_models(*, tenant: Tenant) -> list[str]:
     """What the tenant can call online, as ``/v1/models`` lists it (``Catalog.callable_by``
     decides), less the versioned names of its adapters: the base models, then its adapters
-    by ``<slug>/<name>`` (their newest version)."""
+    by ``<slug>/<name>`` (their newest version). Not a guard model: it only classifies, and
+    chat refuses it."""
     callable_now = catalog_read(tenant_id=tenant.pk).callable_by(tenant.pk)
     return [
-        name for name, found in callable_now.items() if found.adapter is None or ":" not in name
+        name
+        for name, found in callable_now.items()
+        if (found.adapter is None or ":" not in name) and found.model.task == "generate"
     ]
 
 

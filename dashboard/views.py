@@ -85,11 +85,39 @@ def _context(
 @login_required
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    """The first tenant the user belongs to (the switcher in the header reaches the others)."""
-    tenant = tenant_selectors.tenant_list_for_user(user=page_user(request)).order_by("slug").first()
+    """The first tenant the user belongs to; or, from the header's switcher
+    (``?tenant=<slug>&section=<page>``), that tenant's same page when the user's role there
+    allows it, its overview otherwise."""
+    user = page_user(request)
+    mine = tenant_selectors.tenant_list_for_user(user=user).order_by("slug")
+    tenant = mine.filter(slug=request.GET.get("tenant", "")).first() or mine.first()
     if tenant is None:
         return render(request, "dashboard/no_tenant.html", status=200)
+    section = request.GET.get("section", "")
+    if section in SECTION_PERMS:
+        try:
+            page_access(request, tenant.slug, SECTION_PERMS[section])
+        except PermissionDenied:
+            pass
+        else:
+            return redirect(f"dashboard:{section}", slug=tenant.slug)
     return redirect("dashboard:overview", slug=tenant.slug)
+
+
+# The tenant pages the switcher keeps, each with what a role needs to open it.
+SECTION_PERMS = {
+    "overview": Perm.VIEW,
+    "keys": Perm.VIEW,
+    "usage": Perm.BILLING_VIEW,
+    "invoices": Perm.BILLING_VIEW,
+    "playground": Perm.KEYS_CREATE,
+    "limits": Perm.VIEW,
+    "moderation": Perm.VIEW,
+    "members": Perm.VIEW,
+    "adapters": Perm.VIEW,
+    "batches": Perm.VIEW,
+    "audit": Perm.AUDIT_VIEW,
+}
 
 
 @login_required
@@ -106,8 +134,8 @@ def overview(request: HttpRequest, slug: str) -> HttpResponse:
         access,
         "overview",
         summary=summary,
-        spend_usd=summary["cost"] / 1_000_000,
-        budget_usd=budget / 1_000_000 if budget is not None else None,
+        spend_micros=summary["cost"],
+        budget_micros=budget,
         budget_percent=min(100, round(100 * summary["cost"] / budget)) if budget else None,
         token_budget=token_budget,
         token_percent=(
@@ -647,7 +675,7 @@ def usage(request: HttpRequest, slug: str) -> HttpResponse:
         form=form,
         rows=rows,
         totals=totals,
-        spend_usd=totals["cost_micros"] / 1_000_000,
+        spend_micros=totals["cost_micros"],
         chart=selectors.usage_chart(rows, start=selection["start"], days=selection["days"])
         if selection
         else None,
@@ -674,7 +702,7 @@ def usage_csv(request: HttpRequest, slug: str) -> HttpResponse:
     writer.writerow(
         [
             "day", "model", "adapter", "api_key", "mode", "requests", "errors",
-            "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd",
+            "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "api_key_name",
         ]
     )  # fmt: skip
     for r in selection["rows"]:
@@ -691,6 +719,7 @@ def usage_csv(request: HttpRequest, slug: str) -> HttpResponse:
                 r["completion_tokens"],
                 r["cached_tokens"],
                 micros_to_usd(r["cost_micros"]),
+                r["api_key__name"] or "",
             ]
         )
     response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
@@ -763,7 +792,7 @@ def limits(request: HttpRequest, slug: str) -> HttpResponse:
         rows=rows,
         quotas=[(use, getattr(tenant, use.name) is None) for use in batch_quotas.quota_use(tenant)],
         retention_days=settings.INFERPLANE_RETENTION_DAYS,
-        spend_budget_usd=budget / 1_000_000 if budget is not None else None,
+        spend_budget_micros=budget,
     )
     return render(request, "dashboard/limits.html", context, status=status)
 

@@ -112,7 +112,9 @@ def policy_check(spec: PolicySpec) -> None:
         try:
             regex_compile(pattern)
         except re2.error as exc:
-            raise PolicyInvalid("regexes", f"{pattern!r} is not a valid pattern: {exc}") from exc
+            raise PolicyInvalid(
+                "regexes", f"{pattern!r} is not a valid pattern: {_re2_reason(exc)}"
+            ) from exc
     if not 4 <= spec.window_tokens <= 2048:
         raise PolicyInvalid("window_tokens", "the window is 4 to 2048 tokens")
     most = spec.window_tokens - min_step(spec.window_tokens)
@@ -128,3 +130,11 @@ def policy_check(spec: PolicySpec) -> None:
 
 Snapshot = dict[int, PolicySpec]  # tenant id -> its policy (tenants without one are absent)
 snapshot_decoder = msgspec.json.Decoder(Snapshot)
+
+
+def _re2_reason(exc: re2.error) -> str:
+    """RE2's message as text (google-re2 gives it as bytes: ``b'missing ): (a'``)."""
+    reason = exc.args[0] if exc.args else exc
+    if isinstance(reason, bytes):
+        return reason.decode(errors="replace")
+    return str(reason)

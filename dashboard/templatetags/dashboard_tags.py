@@ -26,6 +26,17 @@ def usd(micros: int | None) -> str:
 
 
 @register.filter
+def money(micros: int | None) -> str:
+    """Micro-dollars to the precision they have: whole cents as cents ("$4.50", "$1,204.00"),
+    anything finer to its last digit ("$0.0018", "$12.345678"), never rounded to "$0.00"."""
+    amount = int(micros or 0)
+    sign = "-" if amount < 0 else ""
+    whole, frac = divmod(abs(amount), 1_000_000)
+    decimals = f"{frac:06d}".rstrip("0").ljust(2, "0")
+    return f"{sign}${whole:,}.{decimals}"
+
+
+@register.filter
 def as_json(value: Any, indent: int | None = None) -> str:
     """An audit entry's details as JSON (what the API returns), not Python's repr; ``indent``
     for the whole value, shown when the row is opened. Escaped by the template like any text."""

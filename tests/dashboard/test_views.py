@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from adapters.models import Adapter
 from contract import UsageRecord
+from dashboard.templatetags.dashboard_tags import money
 from devkit.adapters import config, lora_tensors, safetensors
 from tenants.models import ApiKey, Invitation, Membership, User
 from tenants.services import api_key_create
@@ -177,6 +178,34 @@ def test_overview_numbers_and_chart_come_from_the_rollups(people: TenantPeople) 
     assert '"model": "tiny-chat"' in page and "360" in page.split('id="usage-data"')[1]
 
 
+def test_spend_is_shown_to_the_precision_it_has(people: TenantPeople) -> None:
+    """A month of sub-cent requests is not "$0.00": the tile says what the table says."""
+    now = datetime.now(UTC).isoformat()
+    insert_with_rollups(
+        [_record(people.tenant, cost_micros=900, started_at=now, finished_at=now) for _ in range(2)]
+    )
+    page = browser(people.viewer).get("/app/t/acme/").content.decode()
+    assert 'data-metric="spend">$0.0018<' in page
+    usage = browser(people.owner).get("/app/t/acme/usage/").content.decode()
+    assert 'data-total="spend">$0.0018<' in usage
+
+
+@pytest.mark.parametrize(
+    ("micros", "shown"),
+    [
+        (0, "$0.00"),
+        (4_500_000, "$4.50"),
+        (1_800, "$0.0018"),
+        (7_835, "$0.007835"),
+        (1_204_000_000, "$1,204.00"),
+        (12_345_678, "$12.345678"),
+        (-10_000, "-$0.01"),
+    ],
+)
+def test_money_keeps_every_digit_the_ledger_has(micros: int, shown: str) -> None:
+    assert money(micros) == shown
+
+
 def test_adapter_upload_form_and_delete(
     people: TenantPeople,
     served: Path,  # noqa: F811
@@ -309,6 +338,15 @@ def test_members_without_the_right_see_the_list_but_cannot_change_it(
     assert Membership.objects.filter(pk=target.pk).exists()
 
 
+def test_an_admin_is_offered_no_change_it_may_not_make_to_an_owner(people: TenantPeople) -> None:
+    page = browser(people.admin).get("/app/t/acme/members/").content.decode()
+    rows = {row.split('"', 1)[0]: row for row in page.split('<tr data-member="')[1:]}
+    assert "Remove" not in rows["owner"] and "Change" not in rows["owner"]
+    assert "Remove" in rows["viewer"] and "Change" in rows["viewer"]
+    owner_page = browser(people.owner).get("/app/t/acme/members/").content.decode()
+    assert "Remove" in owner_page.split('<tr data-member="owner"')[1].split("</tr>")[0]
+
+
 def test_revoked_invitations_do_not_work(people: TenantPeople) -> None:
     path = _invite(browser(people.owner), "developer").removeprefix("http://testserver")
     invitation = Invitation.objects.get()
@@ -413,6 +451,8 @@ def test_the_usage_explorer_filters_and_its_csv_is_the_same_selection(
     rows = _csv_rows(client.get("/app/t/acme/usage.csv"))
     assert len(rows) == 3 and sum(float(r["cost_usd"]) for r in rows) == 3.5
     assert {r["api_key"] for r in rows} == {f"sk-ip-{first.prefix}", f"sk-ip-{second.prefix}"}
+    names = {r["api_key"]: r["api_key_name"] for r in rows}  # keys by name, not prefix alone
+    assert names[f"sk-ip-{first.prefix}"] == first.name and first.name in body
 
     only = f"?model=tiny-chat&key={first.pk}&mode=batch"
     filtered = client.get(f"/app/t/acme/usage/{only}").content.decode()
@@ -539,6 +579,10 @@ def test_the_playground_key_is_short_lived_and_needs_key_rights(people: TenantPe
 
     model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
     pool_ensure(name="online", kind="dedicated", model=model, replica_urls=["http://gpu-a:8000"])
+    guard = model_ensure(
+        name="tiny-guard", served_name="tiny-guard", context_length=1024, task="classify"
+    )
+    pool_ensure(name="guard", kind="dedicated", model=guard, replica_urls=["http://gpu-b:8000"])
     Adapter.objects.create(
         tenant=people.tenant, name="bot", version=1, status="ready", base_model=model
     )
@@ -551,6 +595,7 @@ def test_the_playground_key_is_short_lived_and_needs_key_rights(people: TenantPe
     page = developer.get("/app/t/acme/playground/").content.decode()
     assert '<option value="tiny-chat">' in page and '<option value="acme/bot">' in page
     assert "theirs" not in page
+    assert "tiny-guard" not in page  # a guard model only classifies: chat would refuse it
     answer = developer.post("/app/t/acme/playground/key/")
     assert answer.status_code == 200 and answer["Cache-Control"] == "no-store"
     key = ApiKey.objects.get(tenant=people.tenant)
@@ -561,3 +606,20 @@ def test_the_playground_key_is_short_lived_and_needs_key_rights(people: TenantPe
     assert browser(people.viewer).post("/app/t/acme/playground/key/").status_code == 403
     assert browser(people.outsider).post("/app/t/acme/playground/key/").status_code == 404
     assert ApiKey.objects.count() == 1
+
+
+def test_switching_tenant_keeps_the_page_the_role_there_allows(people: TenantPeople) -> None:
+    """The owner of acme is finance at globex: the audit log stays the audit log where it may
+    be read, and becomes globex's overview where it may not; an outsider's slug is no way in."""
+    from tenants.models import Role
+
+    Membership.objects.create(tenant=people.other_tenant, user=people.owner, role=Role.FINANCE)
+    owner = browser(people.owner)
+    page = owner.get("/app/t/acme/audit/").content.decode()
+    assert "/app/?tenant=globex&amp;section=audit" in page
+    assert owner.get("/app/?tenant=globex&section=usage")["Location"] == "/app/t/globex/usage/"
+    assert owner.get("/app/?tenant=globex&section=audit")["Location"] == "/app/t/globex/"
+    assert owner.get("/app/?tenant=acme&section=audit")["Location"] == "/app/t/acme/audit/"
+    assert owner.get("/app/?tenant=acme&section=../ops")["Location"] == "/app/t/acme/"
+    viewer = browser(people.viewer)  # globex is not one of the viewer's tenants
+    assert viewer.get("/app/?tenant=globex&section=keys")["Location"] == "/app/t/acme/keys/"

@@ -86,6 +86,7 @@ def test_a_policy_that_cannot_work_gets_drfs_400_with_the_reason(
     assert response.status_code == 400, response.content
     errors = response.json()
     assert field in errors and says in str(errors[field])
+    assert "b'" not in str(errors[field])  # RE2's reason as text, not Python's bytes
     assert not ModerationPolicy.objects.exists()  # nothing half-saved
 
 
