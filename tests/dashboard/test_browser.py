@@ -638,6 +638,49 @@ def test_repeated_failed_logins_show_the_lockout_on_the_form(
     shot(page, "login-locked")
 
 
+def test_an_open_batches_page_shows_a_new_batch_and_its_lines_as_they_finish(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    from batches.models import Batch, Line
+
+    issued = api_key_create(tenant=people.tenant, name="sdk", created_by=people.owner)
+    log_in(page, dash_stack, people.developer)
+    page.get_by_role("link", name="Batches").click()
+    expect(page.locator("#batches")).to_contain_text("No batches yet")
+
+    client = dash_stack.openai(issued.secret)  # as a developer's program makes one
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}]}
+    line = {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    upload = client.files.create(file=("in.jsonl", json.dumps(line).encode()), purpose="batch")
+    made = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    expect(page.locator(f'tr[data-batch="{made.id}"]')).to_be_visible(timeout=3_000)
+
+    # A batch whose runner stores answers as they come: the row moves before the batch ends.
+    batch = Batch.objects.create(
+        tenant=people.tenant,
+        api_key=issued.api_key,
+        input_file_id="file-x",
+        endpoint="/v1/chat/completions",
+        model="tiny-chat",
+        status=Batch.Status.IN_PROGRESS,
+        in_progress_at=datetime.now(UTC),
+        expires_at=datetime.now(UTC) + timedelta(hours=24),
+    )
+    Line.objects.bulk_create(
+        Line(batch=batch, number=i, custom_id=f"c{i}", body={}, state="pending")
+        for i in range(1, 5)
+    )
+    row = page.locator(f'tr[data-batch="{batch.id}"]')
+    expect(row.locator("[data-counts]")).to_have_text("0 done, 0 failed of 4", timeout=3_000)
+    Line.objects.filter(batch=batch, number__lte=2).update(state="done")
+    expect(row.locator("[data-counts]")).to_have_text("2 done, 0 failed of 4", timeout=3_000)
+    expect(row.get_by_role("progressbar")).to_have_attribute("value", "2")
+    expect(row.locator(".badge")).to_have_text("in_progress…")
+    shot(page, "batches-live")
+
+
 def test_the_batches_page_shows_progress_and_a_cancel_lands(
     page: Page, dash_stack: Stack, people: TenantPeople
 ) -> None:
