@@ -108,27 +108,39 @@ SPARK_WINDOWS = 30  # the last five minutes, in the windows of inference.gateway
 SPARK_WIDTH, SPARK_HEIGHT = 150, 28
 
 
-def _spark(values: list[float | None]) -> dict[str, Any]:
+def _spark(values: list[float | None], buckets: tuple[float, ...] = ()) -> dict[str, Any]:
     """An SVG sparkline of per-window values (None: nothing served then, a gap): its
-    polylines' points, the latest value and the highest."""
+    polylines' points, a dot for a window with nothing served beside it (a one-point line
+    draws nothing), the latest value and the highest. The values are the upper bounds of the
+    histogram buckets that hold them; ``latest_low`` is that bucket's lower bound (from
+    ``buckets``), so the page can say "0.1 to 0.25 s" rather than pretend to know 0.25 s."""
     known = [v for v in values if v is not None]
     top = max(known, default=0.0) or 1.0
     step = SPARK_WIDTH / max(1, len(values) - 1)
     lines: list[str] = []
-    current: list[str] = []
+    dots: list[tuple[str, str]] = []
+    current: list[tuple[str, str]] = []
+
+    def close() -> None:
+        if len(current) == 1:
+            dots.append(current[0])
+        elif current:
+            lines.append(" ".join(f"{x},{y}" for x, y in current))
+        current.clear()
+
     for i, value in enumerate(values):
         if value is None:
-            if current:
-                lines.append(" ".join(current))
-            current = []
+            close()
             continue
         y = SPARK_HEIGHT - 2 - (SPARK_HEIGHT - 4) * value / top
-        current.append(f"{i * step:.1f},{y:.1f}")
-    if current:
-        lines.append(" ".join(current))
+        current.append((f"{i * step:.1f}", f"{y:.1f}"))
+    close()
+    latest = next((v for v in reversed(values) if v is not None), None)
     return {
         "lines": lines,
-        "latest": next((v for v in reversed(values) if v is not None), None),
+        "dots": dots,
+        "latest": latest,
+        "latest_low": max((b for b in buckets if latest is not None and b < latest), default=0.0),
         "top": max(known, default=None),
     }
 
@@ -151,8 +163,8 @@ def ops_sparklines(pools: list[str], *, now: float | None = None) -> dict[str, d
         ttft = [metrics.spark_p95(c, "t", metrics.TIME_TO_FIRST_TOKEN_BUCKETS) for c in counts]
         wait = [metrics.spark_p95(c, "w", metrics.QUEUE_WAIT_BUCKETS) for c in counts]
         found[pool] = {
-            "ttft": _spark(ttft),
-            "wait": _spark(wait),
+            "ttft": _spark(ttft, metrics.TIME_TO_FIRST_TOKEN_BUCKETS),
+            "wait": _spark(wait, metrics.QUEUE_WAIT_BUCKETS),
             "served": sum(c.get("n", 0) for c in counts),
         }
     return found

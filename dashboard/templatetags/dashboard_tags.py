@@ -37,6 +37,12 @@ def money(micros: int | None) -> str:
 
 
 @register.filter
+def seconds(value: float | None) -> str:
+    """A duration to the millisecond, without trailing zeros: 0.75 -> "0.75", 1.0 -> "1"."""
+    return f"{float(value or 0):.3f}".rstrip("0").rstrip(".")
+
+
+@register.filter
 def as_json(value: Any, indent: int | None = None) -> str:
     """An audit entry's details as JSON (what the API returns), not Python's repr; ``indent``
     for the whole value, shown when the row is opened. Escaped by the template like any text."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.template.loader import render_to_string
 
 from controlplane.redis import redis_sync
 from dashboard.selectors import _spark, ops_sparklines
@@ -95,9 +96,13 @@ def test_a_window_s_p95_is_the_bucket_that_holds_it() -> None:
 
 
 def test_a_sparkline_leaves_gaps_where_nothing_ran() -> None:
-    line = _spark([0.5, 1.0, None, None, 0.25])
-    assert len(line["lines"]) == 2 and line["latest"] == 0.25 and line["top"] == 1.0
+    line = _spark([0.5, 1.0, None, None, 0.25, 0.5], (0.1, 0.25, 0.5, 1.0))
+    assert len(line["lines"]) == 2 and line["latest"] == 0.5 and line["top"] == 1.0
+    assert line["latest_low"] == 0.25  # the latest p95 lies in (0.25, 0.5]
     assert _spark([None, None])["lines"] == [] and _spark([None])["latest"] is None
+    # A window served between two idle ones is a dot: a one-point line would draw nothing.
+    lonely = _spark([None, 0.25, None, 0.5, 0.5], (0.1, 0.25, 0.5))
+    assert len(lonely["dots"]) == 1 and len(lonely["lines"]) == 1
 
 
 def test_the_operator_page_draws_each_pool_s_last_minutes(people: TenantPeople) -> None:
@@ -118,3 +123,5 @@ def test_the_operator_page_draws_each_pool_s_last_minutes(people: TenantPeople) 
     assert spark["wait"]["latest"] == metrics.QUEUE_WAIT_BUCKETS[10]
     page = browser(people.staff).get("/app/ops/").content.decode()
     assert 'data-spark="ttft"' in page and 'data-spark="wait"' in page
+    drawn = render_to_string("dashboard/_spark.html", {"label": "TTFT", "spark": spark["ttft"]})
+    assert "0.75 to 1 s" in drawn  # the bucket the p95 is in, not a number it is not
