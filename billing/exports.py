@@ -47,6 +47,16 @@ LINE_HEADER = [
 ]
 
 
+# What a spreadsheet reads as the start of a formula (OWASP's list for CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(text: str) -> str:
+    """Free text a tenant chose (a key's name), as a CSV cell a spreadsheet shows as text:
+    ``=HYPERLINK(...)`` gets a leading apostrophe instead of running when finance opens it."""
+    return f"'{text}" if text.startswith(FORMULA_STARTS) else text
+
+
 def usage_row(r: UsageRecord, tenant_slug: str) -> list[Any]:
     return [
         r.request_id,

@@ -18,6 +18,9 @@ class KeyCreateForm(forms.Form):
         initial=list(ApiKey.Scope.values),
         widget=forms.CheckboxSelectMultiple,
     )
+    expires_in_days = forms.IntegerField(
+        required=False, min_value=1, max_value=3650, label="Expires after (days)"
+    )
 
 
 class KeyRotateForm(forms.Form):
@@ -89,24 +92,59 @@ class UsageFilterForm(forms.Form):
         return data
 
 
-class TenantLimitsForm(forms.Form):
-    """Platform staff set a tenant's limits (blank: unlimited), fair-share weight and status."""
+class LimitsForm(forms.Form):
+    """Limits and budgets, blank for unlimited, with the control API's bounds
+    (``tenants.apis.LimitsInputSerializer``): a tenant's or a key's."""
 
-    rpm = forms.IntegerField(required=False, min_value=1, label="Requests per minute")
-    tpm = forms.IntegerField(required=False, min_value=1, label="Tokens per minute")
-    max_concurrency = forms.IntegerField(required=False, min_value=1, label="Requests in flight")
+    rpm = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_RATE, label="Requests per minute"
+    )
+    tpm = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_RATE, label="Tokens per minute"
+    )
+    max_concurrency = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_RATE, label="Requests in flight"
+    )
     max_tokens_per_request = forms.IntegerField(
-        required=False, min_value=1, label="max_tokens per request"
+        required=False, min_value=1, max_value=MAX_RATE, label="max_tokens per request"
     )
     monthly_token_budget = forms.IntegerField(
-        required=False, min_value=1, label="Monthly token budget"
+        required=False, min_value=1, max_value=MAX_BUDGET, label="Monthly token budget"
     )
     monthly_spend_budget_usd = forms.DecimalField(
         required=False,
-        min_value=Decimal("0.01"),
-        decimal_places=2,
+        min_value=Decimal("0.000001"),
+        max_value=Decimal(MAX_BUDGET) / 1_000_000,
+        decimal_places=6,
         label="Monthly spend budget (USD)",
     )
+
+    LIMITS = ("rpm", "tpm", "max_concurrency", "max_tokens_per_request", "monthly_token_budget")
+
+    @staticmethod
+    def initial_for(obj: Tenant | ApiKey) -> dict[str, Any]:
+        budget = obj.monthly_spend_budget_micros
+        initial: dict[str, Any] = {name: getattr(obj, name) for name in LimitsForm.LIMITS}
+        initial["monthly_spend_budget_usd"] = (
+            Decimal(budget) / 1_000_000 if budget is not None else None
+        )
+        return initial
+
+    def limits(self) -> dict[str, int | None]:
+        data = self.cleaned_data
+        limits: dict[str, int | None] = {name: data[name] for name in self.LIMITS}
+        usd = data["monthly_spend_budget_usd"]
+        limits["monthly_spend_budget_micros"] = int(usd * 1_000_000) if usd is not None else None
+        return limits
+
+
+class KeyLimitsForm(LimitsForm):
+    """Owners and admins narrow one key inside its tenant's limits (blank: the tenant's)."""
+
+
+class TenantLimitsForm(LimitsForm):
+    """Platform staff set a tenant's limits (blank: unlimited), fair-share weight and status."""
+
     storage_mb = forms.IntegerField(
         required=False, min_value=1, max_value=MAX_RATE, label="Stored files (MiB)"
     )
@@ -119,25 +157,16 @@ class TenantLimitsForm(forms.Form):
     weight = forms.IntegerField(min_value=1, max_value=1000, label="Fair-share weight")
     status = forms.ChoiceField(choices=Tenant.Status.choices)
 
-    LIMITS = ("rpm", "tpm", "max_concurrency", "max_tokens_per_request", "monthly_token_budget")
-
     @classmethod
     def for_tenant(cls, tenant: Tenant) -> TenantLimitsForm:
-        budget = tenant.monthly_spend_budget_micros
-        names = cls.LIMITS + Tenant.QUOTA_NAMES
-        initial: dict[str, Any] = {name: getattr(tenant, name) for name in names}
-        initial["monthly_spend_budget_usd"] = (
-            Decimal(budget) / 1_000_000 if budget is not None else None
-        )
+        initial = cls.initial_for(tenant)
+        initial.update({name: getattr(tenant, name) for name in Tenant.QUOTA_NAMES})
         initial.update(weight=tenant.weight, status=tenant.status)
         return cls(initial=initial)
 
     def limits(self) -> dict[str, int | None]:
-        data = self.cleaned_data
-        names = self.LIMITS + Tenant.QUOTA_NAMES
-        limits: dict[str, int | None] = {name: data[name] for name in names}
-        usd = data["monthly_spend_budget_usd"]
-        limits["monthly_spend_budget_micros"] = int(usd * 1_000_000) if usd is not None else None
+        limits = super().limits()
+        limits.update({name: self.cleaned_data[name] for name in Tenant.QUOTA_NAMES})
         return limits
 
 

@@ -17,6 +17,7 @@ urlpatterns = [
     path("ops/routes/", views.ops_route, name="ops-route"),
     path("t/<slug:slug>/", views.overview, name="overview"),
     path("t/<slug:slug>/keys/", views.keys, name="keys"),
+    path("t/<slug:slug>/keys/<int:key_id>/", views.key_detail, name="key"),
     path("t/<slug:slug>/keys/<int:key_id>/revoke/", views.key_revoke, name="key-revoke"),
     path("t/<slug:slug>/keys/<int:key_id>/rotate/", views.key_rotate, name="key-rotate"),
     path("t/<slug:slug>/members/", views.members, name="members"),

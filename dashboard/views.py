@@ -39,6 +39,7 @@ from batches import quotas as batch_quotas
 from batches import selectors as batch_selectors
 from batches import services as batch_services
 from batches import wire as batch_wire
+from billing.exports import spreadsheet_safe
 from billing.models import Invoice
 from billing.pricing import micros_to_usd
 from billing.selectors import invoice_get, invoice_list
@@ -203,17 +204,62 @@ def keys(request: HttpRequest, slug: str) -> HttpResponse:
     if not form.is_valid():
         return _keys_page(request, access, form=form, status=400)
     try:
+        days = form.cleaned_data["expires_in_days"]
         issued = services.api_key_create(
             tenant=access.tenant,
             name=form.cleaned_data["name"],
             scopes=form.cleaned_data["scopes"],
             created_by=page_user(request),
+            expires_at=timezone.now() + timedelta(days=days) if days else None,
         )
     except ValidationError as exc:
         _form_errors(form, exc)
         return _keys_page(request, access, form=form, status=400)
     # Rendered, not redirected: the secret exists only in this response.
     return _keys_page(request, access, issued=issued)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def key_detail(request: HttpRequest, slug: str, key_id: int) -> HttpResponse:
+    """One key: what it is, its limits beside the tenant's (which apply where it has none),
+    changed by owners and admins through the service the control API uses."""
+    access = page_access(request, slug)
+    try:
+        key = tenant_selectors.api_key_get(tenant=access.tenant, key_id=key_id)
+    except ApiKey.DoesNotExist:
+        raise Http404("No such key.") from None
+    form = forms.KeyLimitsForm(initial=forms.KeyLimitsForm.initial_for(key))
+    status = 200
+    if request.method == "POST":
+        if not access.can(Perm.KEY_LIMITS_EDIT):
+            raise PermissionDenied("Your role does not allow changing key limits.")
+        form = forms.KeyLimitsForm(request.POST)
+        if form.is_valid():
+            try:
+                services.api_key_limits_update(
+                    api_key=key, actor=page_user(request), limits=form.limits()
+                )
+            except ValidationError as exc:
+                _form_errors(form, exc)
+            else:
+                return redirect("dashboard:key", slug=slug, key_id=key.pk)
+        status = 400
+    tenant = access.tenant
+    rows = [
+        (field.label, getattr(key, name), getattr(tenant, name))
+        for name, field in ((n, form.fields[n]) for n in form.LIMITS)
+    ]
+    context = _context(
+        request,
+        access,
+        "keys",
+        key=key,
+        form=form,
+        rows=rows,
+        spend=(key.monthly_spend_budget_micros, tenant.monthly_spend_budget_micros),
+    )
+    return render(request, "dashboard/key.html", context, status=status)
 
 
 def _key(request: HttpRequest, access: TenantAccess, key_id: int) -> ApiKey:
@@ -719,7 +765,7 @@ def usage_csv(request: HttpRequest, slug: str) -> HttpResponse:
                 r["completion_tokens"],
                 r["cached_tokens"],
                 micros_to_usd(r["cost_micros"]),
-                r["api_key__name"] or "",
+                spreadsheet_safe(r["api_key__name"] or ""),
             ]
         )
     response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")

@@ -78,7 +78,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     from tests import live
 
-    live.SPAWNED_LOGS.clear()
+    live.logs_mark()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -89,11 +89,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
     report = yield
     if report.failed and call.when != "teardown":
-        for path, start in live.SPAWNED_LOGS:
-            with path.open("rb") as log:
-                log.seek(start)
-                lines = log.read().decode(errors="replace").splitlines()[-STACK_LOG_LINES:]
-            report.sections.append((f"Captured {path.name} (its end)", "\n".join(lines)))
+        for path, start in live.SPAWNED_LOGS.items():
+            try:
+                with path.open("rb") as log:
+                    log.seek(start)
+                    text = log.read().decode(errors="replace")
+            except OSError:
+                continue
+            if text:
+                lines = text.splitlines()[-STACK_LOG_LINES:]
+                report.sections.append((f"Captured {path.name} (its end)", "\n".join(lines)))
     return report
 
 

@@ -57,15 +57,22 @@ class Stack:
                 os.killpg(process.pid, signal.SIGKILL)
 
 
-# The logs the current test's processes write to, each with where this test's part begins: a
-# failing test shows their tails (conftest), so a failure in CI's throwaway clone can be read.
-SPAWNED_LOGS: list[tuple[Path, int]] = []
+# Every live process's log, with where the current test's part of it begins (module and
+# session stacks outlive a test): a failing test shows their tails (conftest), so a failure
+# in CI's throwaway clone can be read.
+SPAWNED_LOGS: dict[Path, int] = {}
+
+
+def logs_mark() -> None:
+    """The current test's part of every log begins here (called as each test is set up)."""
+    for path in SPAWNED_LOGS:
+        SPAWNED_LOGS[path] = path.stat().st_size if path.exists() else 0
 
 
 def _spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     with (LOG_DIR / f"{name}.log").open("ab") as log:
-        SPAWNED_LOGS.append((LOG_DIR / f"{name}.log", log.tell()))
+        SPAWNED_LOGS[LOG_DIR / f"{name}.log"] = log.tell()
         return subprocess.Popen(
             args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )

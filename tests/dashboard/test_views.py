@@ -18,7 +18,7 @@ from adapters.models import Adapter
 from contract import UsageRecord
 from dashboard.templatetags.dashboard_tags import money
 from devkit.adapters import config, lora_tensors, safetensors
-from tenants.models import ApiKey, Invitation, Membership, User
+from tenants.models import ApiKey, AuditEvent, Invitation, Membership, User
 from tenants.services import api_key_create
 from tests.adapters.test_adapters import served  # noqa: F401  (fixture)
 from tests.billing.test_usage import _record, insert_with_rollups
@@ -453,6 +453,10 @@ def test_the_usage_explorer_filters_and_its_csv_is_the_same_selection(
     assert {r["api_key"] for r in rows} == {f"sk-ip-{first.prefix}", f"sk-ip-{second.prefix}"}
     names = {r["api_key"]: r["api_key_name"] for r in rows}  # keys by name, not prefix alone
     assert names[f"sk-ip-{first.prefix}"] == first.name and first.name in body
+    # A name a spreadsheet would run as a formula stays text in the CSV.
+    ApiKey.objects.filter(pk=first.pk).update(name='=HYPERLINK("http://evil","x")')
+    rows = _csv_rows(client.get("/app/t/acme/usage.csv"))
+    assert {r["api_key_name"] for r in rows} >= {'\'=HYPERLINK("http://evil","x")'}
 
     only = f"?model=tiny-chat&key={first.pk}&mode=batch"
     filtered = client.get(f"/app/t/acme/usage/{only}").content.decode()
@@ -623,3 +627,55 @@ def test_switching_tenant_keeps_the_page_the_role_there_allows(people: TenantPeo
     assert owner.get("/app/?tenant=acme&section=../ops")["Location"] == "/app/t/acme/"
     viewer = browser(people.viewer)  # globex is not one of the viewer's tenants
     assert viewer.get("/app/?tenant=globex&section=keys")["Location"] == "/app/t/acme/keys/"
+
+
+def test_owners_narrow_a_key_s_limits_in_the_dashboard_with_the_api_s_rules(
+    people: TenantPeople,
+) -> None:
+    key = api_key_create(tenant=people.tenant, name="svc", created_by=people.developer).api_key
+    path = f"/app/t/acme/keys/{key.pk}/"
+    owner = browser(people.owner)
+    page = owner.get(path).content.decode()
+    assert "Save the key" in page and key.display_prefix in page
+    saved = owner.post(
+        path, {"rpm": "30", "tpm": "", "monthly_spend_budget_usd": "2.500001"}, follow=True
+    )
+    assert saved.status_code == 200
+    key.refresh_from_db()
+    assert (key.rpm, key.tpm, key.monthly_spend_budget_micros) == (30, None, 2_500_001)
+    assert "$2.500001" in saved.content.decode()
+    event = AuditEvent.objects.get(action="api_key.limits")
+    assert event.details["rpm"] == [None, 30]
+
+    # Every bad field is named at once, and nothing changes.
+    bad = owner.post(path, {"rpm": "0", "tpm": "x", "monthly_token_budget": "-5"})
+    assert bad.status_code == 400
+    errors = bad.content.decode().count('class="error"')
+    assert errors == 3
+    key.refresh_from_db()
+    assert key.rpm == 30
+
+    # A developer sees the key and its limits but changes nothing; outsiders see no key.
+    developer = browser(people.developer)
+    assert "Save the key" not in developer.get(path).content.decode()
+    assert developer.post(path, {"rpm": "1000"}).status_code == 403
+    assert browser(people.outsider).get(path).status_code == 404
+    theirs = api_key_create(tenant=people.other_tenant, name="x", created_by=None).api_key
+    assert owner.get(f"/app/t/acme/keys/{theirs.pk}/").status_code == 404
+    key.refresh_from_db()
+    assert key.rpm == 30
+
+
+def test_a_key_made_in_the_dashboard_can_expire(people: TenantPeople) -> None:
+    owner = browser(people.owner)
+    made = owner.post(
+        "/app/t/acme/keys/", {"name": "temp", "scopes": ["inference"], "expires_in_days": "7"}
+    )
+    assert made.status_code == 200
+    key = ApiKey.objects.get(name="temp")
+    assert key.expires_at is not None
+    assert timedelta(days=6.9) < key.expires_at - timezone.now() < timedelta(days=7.1)
+    refused = owner.post(
+        "/app/t/acme/keys/", {"name": "t2", "scopes": ["inference"], "expires_in_days": "0"}
+    )
+    assert refused.status_code == 400 and not ApiKey.objects.filter(name="t2").exists()

@@ -1,7 +1,7 @@
 // Inferplane dashboard: small enhancements over server-rendered pages (each works without).
 "use strict";
 
-// Tenant switcher: go to the chosen tenant's overview.
+// Tenant switcher: the chosen tenant's same page (or its overview; see dashboard.views.home).
 document.querySelectorAll("select[data-switch]").forEach((select) => {
   select.addEventListener("change", () => { window.location.assign(select.value); });
 });
