@@ -1,5 +1,5 @@
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import path, re_path
 
 from dashboard import views
 
@@ -40,6 +40,11 @@ urlpatterns = [
     path("t/<slug:slug>/usage.csv", views.usage_csv, name="usage-csv"),
     path("t/<slug:slug>/invoices/", views.invoices, name="invoices"),
     path("t/<slug:slug>/invoices/<int:invoice_id>/", views.invoice, name="invoice"),
+    re_path(
+        r"^t/(?P<slug>[-\w]+)/invoices/(?P<invoice_id>\d+)/(?P<action>finalize|void)/$",
+        views.invoice_change,
+        name="invoice-change",
+    ),
     path("t/<slug:slug>/adapters/", views.adapters, name="adapters"),
     path("t/<slug:slug>/batches/", views.batches, name="batches"),
     path("t/<slug:slug>/batches/rows/", views.batch_rows, name="batch-rows"),

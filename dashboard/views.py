@@ -40,6 +40,7 @@ from batches import selectors as batch_selectors
 from batches import services as batch_services
 from batches import wire as batch_wire
 from billing.exports import spreadsheet_safe
+from billing.invoicing import invoice_finalize, invoice_void
 from billing.models import Invoice
 from billing.pricing import micros_to_usd
 from billing.selectors import invoice_get, invoice_list
@@ -788,12 +789,43 @@ def invoices(request: HttpRequest, slug: str) -> HttpResponse:
 @require_GET
 def invoice(request: HttpRequest, slug: str, invoice_id: int) -> HttpResponse:
     access = page_access(request, slug, Perm.BILLING_VIEW)
+    return _invoice_page(request, access, _invoice_of(access, invoice_id))
+
+
+def _invoice_of(access: TenantAccess, invoice_id: int) -> Invoice:
     try:
-        found = invoice_get(tenant=access.tenant, invoice_id=invoice_id)
+        return invoice_get(tenant=access.tenant, invoice_id=invoice_id)
     except Invoice.DoesNotExist:
         raise Http404("No such invoice.") from None
-    context = _context(request, access, "invoices", invoice=found, lines=found.lines.all())
-    return render(request, "dashboard/invoice.html", context)
+
+
+def _invoice_page(
+    request: HttpRequest, access: TenantAccess, found: Invoice, error: str = "", status: int = 200
+) -> HttpResponse:
+    context = _context(
+        request, access, "invoices", invoice=found, lines=found.lines.all(), error=error
+    )
+    return render(request, "dashboard/invoice.html", context, status=status)
+
+
+@login_required
+@require_POST
+def invoice_change(request: HttpRequest, slug: str, invoice_id: str, action: str) -> HttpResponse:
+    """Platform staff finalize a month's draft (frozen, sent to Stripe) or void a finalized
+    invoice: the services and rules of the control API's ``invoices/finalize/`` and
+    ``invoices/ID/void/``."""
+    access = page_access(request, slug, Perm.PLATFORM)
+    found = _invoice_of(access, int(invoice_id))
+    actor = page_user(request)
+    try:
+        if action == "finalize":
+            invoice_finalize(tenant=access.tenant, period_start=found.period_start, actor=actor)
+        else:
+            invoice_void(invoice=found, actor=actor)
+    except ValidationError as exc:
+        found = _invoice_of(access, found.pk)
+        return _invoice_page(request, access, found, error=" ".join(exc.messages), status=400)
+    return redirect("dashboard:invoice", slug=slug, invoice_id=found.pk)
 
 
 # --- Limits and budgets ------------------------------------------------------------------

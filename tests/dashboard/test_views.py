@@ -679,3 +679,42 @@ def test_a_key_made_in_the_dashboard_can_expire(people: TenantPeople) -> None:
         "/app/t/acme/keys/", {"name": "t2", "scopes": ["inference"], "expires_in_days": "0"}
     )
     assert refused.status_code == 400 and not ApiKey.objects.filter(name="t2").exists()
+
+
+def test_staff_finalize_and_void_an_invoice_in_the_dashboard_by_the_api_s_rules(
+    people: TenantPeople,
+) -> None:
+    from billing.invoicing import invoice_compute
+    from billing.models import Invoice
+
+    this_month = datetime.now(UTC).date().replace(day=1)
+    last_month = (this_month - timedelta(days=1)).replace(day=1)
+    past = invoice_compute(tenant=people.tenant, period_start=last_month)
+    current = invoice_compute(tenant=people.tenant, period_start=this_month)
+    theirs = invoice_compute(tenant=people.other_tenant, period_start=last_month)
+    staff = browser(people.staff)
+    assert "Finalize" in staff.get(f"/app/t/acme/invoices/{past.pk}/").content.decode()
+    assert (
+        "Finalize"
+        not in browser(people.finance).get(f"/app/t/acme/invoices/{past.pk}/").content.decode()
+    )
+
+    # Finance and owners read invoices; changing them is the operator's, as in the API.
+    for person in (people.finance, people.owner):
+        assert browser(person).post(f"/app/t/acme/invoices/{past.pk}/finalize/").status_code == 403
+    assert browser(people.outsider).post(f"/app/t/acme/invoices/{past.pk}/void/").status_code == 404
+    assert staff.post(f"/app/t/acme/invoices/{theirs.pk}/finalize/").status_code == 404
+    assert staff.post(f"/app/t/acme/invoices/{past.pk}/delete/").status_code == 404
+
+    # A draft cannot be voided, a month not over cannot be finalized: the reason, nothing done.
+    refused = staff.post(f"/app/t/acme/invoices/{past.pk}/void/")
+    assert refused.status_code == 400 and "nothing to void" in refused.content.decode()
+    early = staff.post(f"/app/t/acme/invoices/{current.pk}/finalize/")
+    assert early.status_code == 400 and "not over yet" in early.content.decode()
+    assert Invoice.objects.get(pk=current.pk).status == "draft"
+
+    assert staff.post(f"/app/t/acme/invoices/{past.pk}/finalize/").status_code == 302
+    assert Invoice.objects.get(pk=past.pk).status == "finalized"
+    assert staff.post(f"/app/t/acme/invoices/{past.pk}/void/").status_code == 302
+    assert Invoice.objects.get(pk=past.pk).status == "void"
+    assert Invoice.objects.get(pk=theirs.pk).status == "draft"
