@@ -178,11 +178,14 @@ def _keys_page(
 ) -> HttpResponse:
     keys = tenant_selectors.api_key_list(tenant=access.tenant).select_related("created_by")
     rows = [{"key": k, "may_change": _may_change(request, access, k)} for k in keys[:200]]
+    # Keys that work first; the expired and revoked (a playground tab's key after 12 hours)
+    # folded away below them, so they do not pile up in the list.
     context = _context(
         request,
         access,
         "keys",
-        rows=rows,
+        rows=[row for row in rows if row["key"].is_active],
+        ended=[row for row in rows if not row["key"].is_active],
         form=form or forms.KeyCreateForm(),
         rotate_form=forms.KeyRotateForm(),
         issued=issued,

@@ -19,7 +19,7 @@ from contract import UsageRecord
 from dashboard.templatetags.dashboard_tags import money
 from devkit.adapters import config, lora_tensors, safetensors
 from tenants.models import ApiKey, AuditEvent, Invitation, Membership, User
-from tenants.services import api_key_create
+from tenants.services import api_key_create, api_key_revoke
 from tests.adapters.test_adapters import served  # noqa: F401  (fixture)
 from tests.billing.test_usage import _record, insert_with_rollups
 from tests.conftest import TenantPeople
@@ -718,3 +718,18 @@ def test_staff_finalize_and_void_an_invoice_in_the_dashboard_by_the_api_s_rules(
     assert staff.post(f"/app/t/acme/invoices/{past.pk}/void/").status_code == 302
     assert Invoice.objects.get(pk=past.pk).status == "void"
     assert Invoice.objects.get(pk=theirs.pk).status == "draft"
+
+
+def test_expired_and_revoked_keys_fold_away_below_the_working_ones(people: TenantPeople) -> None:
+    working = api_key_create(tenant=people.tenant, name="live", created_by=people.owner).api_key
+    for i in range(3):  # three playground tabs, a day ago
+        old = api_key_create(
+            tenant=people.tenant, name=f"playground · tab{i}", created_by=people.owner
+        ).api_key
+        ApiKey.objects.filter(pk=old.pk).update(expires_at=timezone.now() - timedelta(hours=1))
+    gone = api_key_create(tenant=people.tenant, name="gone", created_by=people.owner).api_key
+    api_key_revoke(api_key=gone, actor=people.owner)
+    page = browser(people.owner).get("/app/t/acme/keys/").content.decode()
+    shown, folded = page.split('<details id="keys-ended">')
+    assert f'data-prefix="{working.prefix}"' in shown and "playground ·" not in shown
+    assert "Expired and revoked (4)" in folded and f'data-prefix="{gone.prefix}"' in folded
