@@ -239,6 +239,15 @@ class ModerationPolicyForm(forms.Form):
         return out
 
 
+class TenantCreateForm(forms.Form):
+    """A new tenant as the operator makes it (``tenants.services.tenant_create``, as
+    ``POST /api/tenants/``); its limits are set on its limits page next."""
+
+    slug = forms.SlugField(max_length=40, help_text="In URLs and adapter names: a-z, 0-9, -.")
+    name = forms.CharField(max_length=200, required=False)
+    weight = forms.IntegerField(min_value=1, max_value=1000, initial=1, label="Fair-share weight")
+
+
 class RouteForm(forms.Form):
     """A model route as an operator types it: the name, and ``TARGET=WEIGHT ...``."""
 

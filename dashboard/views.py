@@ -177,15 +177,16 @@ def _keys_page(
     status: int = 200,
 ) -> HttpResponse:
     keys = tenant_selectors.api_key_list(tenant=access.tenant).select_related("created_by")
-    rows = [{"key": k, "may_change": _may_change(request, access, k)} for k in keys[:200]]
+    listed = list(keys[:200])
+    rows = {k.pk: {"key": k, "may_change": _may_change(request, access, k)} for k in listed}
     # Keys that work first; the expired and revoked (a playground tab's key after 12 hours)
     # folded away below them, so they do not pile up in the list.
     context = _context(
         request,
         access,
         "keys",
-        rows=[row for row in rows if row["key"].is_active],
-        ended=[row for row in rows if not row["key"].is_active],
+        rows=[rows[k.pk] for k in listed if k.is_active],
+        ended=[rows[k.pk] for k in listed if not k.is_active],
         form=form or forms.KeyCreateForm(),
         rotate_form=forms.KeyRotateForm(),
         issued=issued,
@@ -897,13 +898,19 @@ def ops(request: HttpRequest) -> HttpResponse:
     return _ops_page(request, forms.RouteForm())
 
 
-def _ops_page(request: HttpRequest, route_form: forms.RouteForm, status: int = 200) -> HttpResponse:
+def _ops_page(
+    request: HttpRequest,
+    route_form: forms.RouteForm,
+    status: int = 200,
+    tenant_form: forms.TenantCreateForm | None = None,
+) -> HttpResponse:
     query = request.GET.get("q", "").strip()[:100]
     context = {
         "section": "ops",
         **selectors.ops_snapshot(),
         "routes": inference_selectors.model_route_list(),
         "route_form": route_form,
+        "tenant_form": tenant_form or forms.TenantCreateForm(),
         "tenants": selectors.ops_tenants(query=query, page=request.GET.get("page")),
         "query": query,
     }
@@ -931,6 +938,27 @@ def ops_route(request: HttpRequest) -> HttpResponse:
         else:
             return redirect("dashboard:ops")
     return _ops_page(request, form, status=400)
+
+
+@login_required
+@require_POST
+def ops_tenant_create(request: HttpRequest) -> HttpResponse:
+    """A new tenant (platform staff): then its limits page, to set its limits and budgets."""
+    _staff(request)
+    form = forms.TenantCreateForm(request.POST)
+    if form.is_valid():
+        try:
+            tenant = services.tenant_create(
+                slug=form.cleaned_data["slug"],
+                name=form.cleaned_data["name"],
+                weight=form.cleaned_data["weight"],
+                actor=page_user(request),
+            )
+        except ValidationError as exc:
+            _form_errors(form, exc)
+        else:
+            return redirect("dashboard:limits", slug=tenant.slug)
+    return _ops_page(request, forms.RouteForm(), status=400, tenant_form=form)
 
 
 # --- Playground ----------------------------------------------------------------------------

@@ -733,3 +733,25 @@ def test_expired_and_revoked_keys_fold_away_below_the_working_ones(people: Tenan
     shown, folded = page.split('<details id="keys-ended">')
     assert f'data-prefix="{working.prefix}"' in shown and "playground ·" not in shown
     assert "Expired and revoked (4)" in folded and f'data-prefix="{gone.prefix}"' in folded
+
+
+def test_the_operator_makes_a_tenant_on_its_page_and_lands_on_its_limits(
+    people: TenantPeople,
+) -> None:
+    from tenants.models import Tenant
+
+    staff = browser(people.staff)
+    assert 'id="tenant-create"' in staff.get("/app/ops/").content.decode()
+    made = staff.post("/app/ops/tenants/", {"slug": "initech", "name": "Initech", "weight": "3"})
+    assert made.status_code == 302 and made["Location"] == "/app/t/initech/limits/"
+    tenant = Tenant.objects.get(slug="initech")
+    assert (tenant.name, tenant.weight) == ("Initech", 3)
+    assert AuditEvent.objects.filter(action="tenant.create", tenant=tenant).exists()
+
+    taken = staff.post("/app/ops/tenants/", {"slug": "initech", "weight": "1"})
+    assert taken.status_code == 400 and "already exists" in taken.content.decode()
+    bad = staff.post("/app/ops/tenants/", {"slug": "Not a slug!", "weight": "0"})
+    assert bad.status_code == 400 and bad.content.decode().count('class="error"') >= 2
+    assert Tenant.objects.count() == 3  # acme, globex, initech
+    # Tenant users do not learn the page exists.
+    assert browser(people.owner).post("/app/ops/tenants/", {"slug": "x"}).status_code == 404
