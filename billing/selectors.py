@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
-from billing.models import DailyUsage, Invoice, UsageRecord
+from billing.models import DailyUsage, Invoice, Price, UsageRecord
 from tenants.models import Tenant
 
 
@@ -140,3 +140,10 @@ def ledger_sums(
         .order_by(*by)
     )
     return rows
+
+
+def price_list(*, limit: int = 200) -> QuerySet[Price]:
+    """The price book, newest first: list prices and tenants' contract prices."""
+    return Price.objects.select_related("model", "tenant").order_by("-effective_from", "-pk")[
+        :limit
+    ]

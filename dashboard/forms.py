@@ -8,6 +8,7 @@ from django.contrib.auth.forms import UserCreationForm
 from django.core.files import File
 
 from adapters.models import adapter_name_validator
+from fleet.models import Model
 from tenants.models import MAX_BUDGET, MAX_RATE, ApiKey, Role, Tenant, User
 
 
@@ -246,6 +247,42 @@ class TenantCreateForm(forms.Form):
     slug = forms.SlugField(max_length=40, help_text="In URLs and adapter names: a-z, 0-9, -.")
     name = forms.CharField(max_length=200, required=False)
     weight = forms.IntegerField(min_value=1, max_value=1000, initial=1, label="Fair-share weight")
+
+
+class PriceForm(forms.Form):
+    """A price as the operator adds it (``billing.services.price_set``, as ``set_price``):
+    dollars per 1M tokens, in force from now or a later moment."""
+
+    model = forms.ModelChoiceField(queryset=Model.objects.order_by("name"), to_field_name="name")
+    tenant = forms.SlugField(required=False, max_length=40, label="Tenant (blank: the list price)")
+    input_per_mtok = forms.DecimalField(
+        min_value=0, max_digits=14, decimal_places=6, label="Input $/1M"
+    )
+    cached_input_per_mtok = forms.DecimalField(
+        required=False,
+        min_value=0,
+        max_digits=14,
+        decimal_places=6,
+        label="Cached input $/1M (blank: as input)",
+    )
+    output_per_mtok = forms.DecimalField(
+        min_value=0, max_digits=14, decimal_places=6, label="Output $/1M"
+    )
+    batch_discount_percent = forms.DecimalField(
+        min_value=0, max_value=100, decimal_places=2, initial=0, label="Batch discount %"
+    )
+    effective_from = forms.DateTimeField(
+        required=False, label="From (UTC, blank: now)", help_text="2026-12-01 00:00"
+    )
+
+    def clean_tenant(self) -> Tenant | None:
+        slug = self.cleaned_data["tenant"]
+        if not slug:
+            return None
+        found = Tenant.objects.filter(slug=slug).first()
+        if found is None:
+            raise forms.ValidationError(f"No tenant with slug {slug!r}.")
+        return found
 
 
 class RouteForm(forms.Form):

@@ -16,6 +16,7 @@ urlpatterns = [
     path("ops/", views.ops, name="ops"),
     path("ops/routes/", views.ops_route, name="ops-route"),
     path("ops/tenants/", views.ops_tenant_create, name="ops-tenant-create"),
+    path("ops/prices/", views.ops_prices, name="ops-prices"),
     path("t/<slug:slug>/", views.overview, name="overview"),
     path("t/<slug:slug>/keys/", views.keys, name="keys"),
     path("t/<slug:slug>/keys/<int:key_id>/", views.key_detail, name="key"),

@@ -43,7 +43,8 @@ from billing.exports import spreadsheet_safe
 from billing.invoicing import invoice_finalize, invoice_void
 from billing.models import Invoice
 from billing.pricing import micros_to_usd
-from billing.selectors import invoice_get, invoice_list
+from billing.selectors import invoice_get, invoice_list, price_list
+from billing.services import price_set
 from dashboard import forms, selectors
 from dashboard.access import page_access, page_user
 from inference import selectors as inference_selectors
@@ -959,6 +960,39 @@ def ops_tenant_create(request: HttpRequest) -> HttpResponse:
         else:
             return redirect("dashboard:limits", slug=tenant.slug)
     return _ops_page(request, forms.RouteForm(), status=400, tenant_form=form)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def ops_prices(request: HttpRequest) -> HttpResponse:
+    """The price book (platform staff): every price, newest first, and a new one added
+    through the service ``set_price`` and the admin use (the past is never repriced)."""
+    _staff(request)
+    form = forms.PriceForm()
+    status = 200
+    if request.method == "POST":
+        form = forms.PriceForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            start = data["effective_from"]
+            try:
+                price_set(
+                    model=data["model"],
+                    tenant=data["tenant"],
+                    input_per_mtok=data["input_per_mtok"],
+                    cached_input_per_mtok=data["cached_input_per_mtok"],
+                    output_per_mtok=data["output_per_mtok"],
+                    batch_discount_percent=data["batch_discount_percent"],
+                    effective_from=start.astimezone(UTC) if start else None,
+                    actor=page_user(request),
+                )
+            except ValidationError as exc:
+                _form_errors(form, exc)
+            else:
+                return redirect("dashboard:ops-prices")
+        status = 400
+    context = {"section": "ops", "form": form, "prices": price_list(), "now": timezone.now()}
+    return render(request, "dashboard/prices.html", context, status=status)
 
 
 # --- Playground ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -755,3 +756,41 @@ def test_the_operator_makes_a_tenant_on_its_page_and_lands_on_its_limits(
     assert Tenant.objects.count() == 3  # acme, globex, initech
     # Tenant users do not learn the page exists.
     assert browser(people.owner).post("/app/ops/tenants/", {"slug": "x"}).status_code == 404
+
+
+def test_the_operator_reads_and_adds_to_the_price_book_by_the_service_s_rules(
+    people: TenantPeople,
+) -> None:
+    from billing.models import Price
+    from inference.services import model_ensure
+
+    model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
+    staff = browser(people.staff)
+    assert "No prices" in staff.get("/app/ops/prices/").content.decode()
+    body = {"model": "tiny-chat", "input_per_mtok": "0.15", "output_per_mtok": "0.6"}
+    added = staff.post("/app/ops/prices/", {**body, "batch_discount_percent": "50"})
+    assert added.status_code == 302
+    price = Price.objects.get()
+    assert (price.model, price.tenant, price.cached_input_per_mtok) == (
+        model,
+        None,
+        Decimal("0.15"),
+    )
+    page = staff.get("/app/ops/prices/").content.decode()
+    assert "$0.15" in page and "$0.6" in page and "list price" in page and "50%" in page
+
+    contract = {**body, "tenant": "acme", "batch_discount_percent": "0"}
+    assert staff.post("/app/ops/prices/", contract).status_code == 302
+    assert Price.objects.get(tenant=people.tenant).input_per_mtok == Decimal("0.15")
+
+    # The past is never repriced; an unknown tenant or model is named; nothing is added.
+    past = staff.post(
+        "/app/ops/prices/",
+        {**body, "batch_discount_percent": "0", "effective_from": "2020-01-01 00:00"},
+    )
+    assert past.status_code == 400 and "cannot start in the past" in past.content.decode()
+    nobody = staff.post("/app/ops/prices/", {**contract, "tenant": "nobody"})
+    assert nobody.status_code == 400 and "No tenant with slug" in nobody.content.decode()
+    assert staff.post("/app/ops/prices/", {**contract, "model": "nope"}).status_code == 400
+    assert Price.objects.count() == 2
+    assert browser(people.owner).get("/app/ops/prices/").status_code == 404
