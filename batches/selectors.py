@@ -107,3 +107,20 @@ def batches_stuck() -> list[str]:
     ids |= set(validating.exclude(ending_at__isnull=False).values_list("pk", flat=True))
     ids |= set(ending.values_list("pk", flat=True))
     return sorted(ids)
+
+
+def batch_lines_by_state(batch: Batch) -> dict[str, int]:
+    """How many of the batch's lines are in each state (every state named, 0 included)."""
+    found = dict(
+        Line.objects.filter(batch=batch).values_list("state").annotate(n=Count("pk")).order_by()
+    )
+    return {state: found.get(state, 0) for state in Line.State.values}
+
+
+def batch_lines_failed(batch: Batch, *, limit: int = 20) -> list[Line]:
+    """The first failed lines, in input order: what the dashboard shows of the error file."""
+    return list(
+        Line.objects.filter(batch=batch, state=Line.State.FAILED)
+        .only("number", "custom_id", "status_code", "response")
+        .order_by("number")[:limit]
+    )

@@ -50,6 +50,7 @@ urlpatterns = [
     path("t/<slug:slug>/adapters/", views.adapters, name="adapters"),
     path("t/<slug:slug>/batches/", views.batches, name="batches"),
     path("t/<slug:slug>/batches/rows/", views.batch_rows, name="batch-rows"),
+    path("t/<slug:slug>/batches/<str:batch_id>/", views.batch_detail, name="batch"),
     path("t/<slug:slug>/batches/<str:batch_id>/cancel/", views.batch_cancel, name="batch-cancel"),
     path("t/<slug:slug>/files/<str:file_id>/", views.batch_file, name="batch-file"),
     path("t/<slug:slug>/adapters/rows/", views.adapter_rows, name="adapter-rows"),

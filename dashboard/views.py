@@ -436,6 +436,45 @@ def batch_cancel(request: HttpRequest, slug: str, batch_id: str) -> HttpResponse
 
 @login_required
 @require_GET
+def batch_detail(request: HttpRequest, slug: str, batch_id: str) -> HttpResponse:
+    """One batch: its lines by state, the first errors, tokens so far and its files."""
+    access = page_access(request, slug)
+    try:
+        found = batch_selectors.batch_get(tenant=access.tenant, batch_id=batch_id)
+    except ApiError:
+        raise Http404("No such batch.") from None
+    failed = [
+        {
+            "number": line.number,
+            "custom_id": line.custom_id,
+            "status": line.status_code,
+            "message": _line_error(line.response),
+        }
+        for line in batch_selectors.batch_lines_failed(found)
+    ]
+    context = _context(
+        request,
+        access,
+        "batches",
+        b=batch_wire.batch_object(found),
+        states=batch_selectors.batch_lines_by_state(found),
+        failed=failed,
+    )
+    return render(request, "dashboard/batch.html", context)
+
+
+def _line_error(response: Any) -> str:
+    """A failed line's error message, from the answer stored for its error file."""
+    if isinstance(response, dict):
+        body = response.get("body", response)
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict):
+            return str(error.get("message", ""))[:500]
+    return ""
+
+
+@login_required
+@require_GET
 def batch_file(request: HttpRequest, slug: str, file_id: str) -> HttpResponseBase:
     """A batch's input, output or error file, as the Files API's ``/content`` gives it."""
     access = page_access(request, slug, Perm.BATCHES_MANAGE)

@@ -794,3 +794,48 @@ def test_the_operator_reads_and_adds_to_the_price_book_by_the_service_s_rules(
     assert staff.post("/app/ops/prices/", {**contract, "model": "nope"}).status_code == 400
     assert Price.objects.count() == 2
     assert browser(people.owner).get("/app/ops/prices/").status_code == 404
+
+
+def test_a_batch_has_a_page_with_its_lines_by_state_and_first_errors(people: TenantPeople) -> None:
+    from batches.models import Batch, Line
+
+    key = api_key_create(tenant=people.tenant, name="b", created_by=people.owner).api_key
+    batch = Batch.objects.create(
+        tenant=people.tenant,
+        api_key=key,
+        input_file_id="file-in",
+        endpoint="/v1/chat/completions",
+        model="tiny-chat",
+        status=Batch.Status.IN_PROGRESS,
+        in_progress_at=timezone.now(),
+        expires_at=timezone.now() + timedelta(hours=24),
+    )
+    refused = {"error": {"message": "max_tokens is too large", "type": "invalid_request_error"}}
+    states = ["done", "done", "failed", "pending", "running"]
+    Line.objects.bulk_create(
+        Line(
+            batch=batch,
+            number=i,
+            custom_id=f"c{i}",
+            body={},
+            state=state,
+            prompt_tokens=10 if state == "done" else 0,
+            status_code=400 if state == "failed" else None,
+            response=refused if state == "failed" else None,
+        )
+        for i, state in enumerate(states, start=1)
+    )
+    page = browser(people.viewer).get(f"/app/t/acme/batches/{batch.id}/").content.decode()
+    assert "2 done, 1 failed of 5" in page and "20 in" in page
+    for state, n in (("pending", 1), ("running", 1), ("done", 2), ("failed", 1), ("expired", 0)):
+        assert f'<tr data-state="{state}"><th>{state}</th><td>{n}</td></tr>' in page
+    assert "max_tokens is too large" in page and "<code>c3</code>" in page
+    assert "/app/t/acme/files/file-in/" not in page  # a viewer reads, but downloads nothing
+    owner_page = browser(people.owner).get(f"/app/t/acme/batches/{batch.id}/").content.decode()
+    assert "/app/t/acme/files/file-in/" in owner_page
+    listing = browser(people.viewer).get("/app/t/acme/batches/").content.decode()
+    assert f'href="/app/t/acme/batches/{batch.id}/"' in listing
+    outsider = browser(people.outsider)
+    assert outsider.get(f"/app/t/acme/batches/{batch.id}/").status_code == 404
+    assert outsider.get(f"/app/t/globex/batches/{batch.id}/").status_code == 404  # its own slug
+    assert browser(people.owner).get("/app/t/acme/batches/batch_nope/").status_code == 404
