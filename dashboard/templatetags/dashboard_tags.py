@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 from django import template
@@ -34,6 +35,13 @@ def money(micros: int | None) -> str:
     whole, frac = divmod(abs(amount), 1_000_000)
     decimals = f"{frac:06d}".rstrip("0").ljust(2, "0")
     return f"{sign}${whole:,}.{decimals}"
+
+
+@register.filter
+def plain(value: Decimal | None) -> str:
+    """A stored decimal without its padding zeros, never in exponent form: 10.000000 -> "10",
+    0.150000 -> "0.15" (``normalize`` alone writes 10 as "1E+1")."""
+    return "" if value is None else format(value.normalize(), "f")
 
 
 @register.filter

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from adapters.models import Adapter
 from contract import UsageRecord
-from dashboard.templatetags.dashboard_tags import money
+from dashboard.templatetags.dashboard_tags import money, plain
 from devkit.adapters import config, lora_tensors, safetensors
 from tenants.models import ApiKey, AuditEvent, Invitation, Membership, User
 from tenants.services import api_key_create, api_key_revoke
@@ -205,6 +205,15 @@ def test_spend_is_shown_to_the_precision_it_has(people: TenantPeople) -> None:
 )
 def test_money_keeps_every_digit_the_ledger_has(micros: int, shown: str) -> None:
     assert money(micros) == shown
+
+
+def test_a_price_is_written_plainly() -> None:
+    assert [plain(Decimal(v)) for v in ("10.000000", "0.150000", "0E-6", "12.50")] == [
+        "10",
+        "0.15",
+        "0",
+        "12.5",
+    ]
 
 
 def test_adapter_upload_form_and_delete(
