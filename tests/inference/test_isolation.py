@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.engines import ENGINE_HEADERS
 from tests.live import engine_counters, wait_for
 from tests.serving import World
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
-SHORT = {"model": "tiny-chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 LONG = {
     "model": "tiny-chat",
     "messages": [{"role": "user", "content": "Tell me a long story."}],
@@ -60,71 +57,61 @@ def test_the_prefix_cache_is_partitioned_by_tenant(world: World) -> None:
     assert cached(b, cache_salt="team-1") == 0  # the same client salt, another tenant
 
 
-def test_short_requests_beside_long_streams_cost_about_what_they_cost_direct(
-    world: World,
-) -> None:
-    """Two long streams of another tenant run through the gateway; one-token requests go
-    alternately through the gateway and straight to the engine. Through the gateway they
-    must take about as long as direct: the mean of the slowest tenth within 3x of direct's
-    (bench/isolation.py measures ~1.2x at p99). With the engine at full scheduling weight the
-    gateway's p90 was 8x direct (and seconds at p99): the engine starved the gateway process.
-    The slowest tenth's mean, not one order statistic: the machine stalls now and then, the
-    engine or the gateway, whichever request is running (a fresh-clone run failed at p90 of
-    40: direct's three stalls of 0.8-1.0 s sat above its p90, the gateway's of 0.3-0.9 s on
-    it)."""
+def test_short_requests_are_served_beside_another_tenant_s_long_streams(world: World) -> None:
+    """Two long streams of another tenant hold the engine; one-token requests sent meanwhile
+    are each admitted and answered at once, not refused or queued behind them, and the long
+    streams are still running when the last one is answered.
+
+    How long they take beside the streams, against the engine directly, is a measurement
+    (``bench.isolation``: gateway/direct p99 0.89), not an assertion here: on two shared
+    cores it moved with whatever else the machine ran (a slowest-tenth ratio of 3.46 in one
+    loaded CI run, 0.8-1.0 alone or beside two busy loops), and it did not tell the cause it
+    was meant to catch — the engine at full scheduling weight gave 1.57, since the client
+    starves too. That cause is checked directly: tests/test_engine_scheduling.py reads the
+    engine's scheduling weight from the kernel."""
     _, short_key = world.tenant()
     _, long_key = world.tenant()
+    finished = threading.Event()
     stop = threading.Event()
 
     def neighbour() -> None:
-        with httpx.Client(timeout=120) as client:
-            while not stop.is_set():
-                with client.stream(
-                    "POST",
-                    f"{world.stack.url}/v1/chat/completions",
-                    headers={"authorization": f"Bearer {long_key}"},
-                    json=LONG,
-                ) as response:
-                    for _ in response.iter_bytes():
-                        if stop.is_set():
-                            break
+        with (
+            httpx.Client(timeout=120) as client,
+            client.stream(
+                "POST",
+                f"{world.stack.url}/v1/chat/completions",
+                headers={"authorization": f"Bearer {long_key}"},
+                json=LONG,
+            ) as response,
+        ):
+            for _ in response.iter_bytes():
+                if stop.is_set():
+                    return
+        finished.set()
 
-    targets = {
-        "direct": (f"{world.engines[0].url}/v1/chat/completions", ENGINE_HEADERS),
-        "gateway": (
-            f"{world.stack.url}/v1/chat/completions",
-            {"authorization": f"Bearer {short_key}"},
-        ),
-    }
-    timings: dict[str, list[float]] = {"direct": [], "gateway": []}
     threads = [threading.Thread(target=neighbour) for _ in range(2)]
-    with httpx.Client(timeout=60) as client:
-        for url, headers in targets.values():  # warm both paths
-            client.post(url, json=SHORT, headers=headers).raise_for_status()
-        for thread in threads:
-            thread.start()
-        try:
-            # The two long streams are past their prefill: the engine runs them.
-            wait_for(
-                lambda: engine_counters(world.engines[0])["vllm:num_requests_running"] >= 2,
-                timeout=60,
-                every=0.05,
+    for thread in threads:
+        thread.start()
+    client = world.stack.openai(short_key)
+    try:
+        # The two long streams are past their prefill: the engine runs them.
+        wait_for(
+            lambda: engine_counters(world.engines[0])["vllm:num_requests_running"] >= 2,
+            timeout=60,
+            every=0.05,
+        )
+        for _ in range(SHORTS):
+            reply = client.chat.completions.create(
+                model="tiny-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=1
             )
-            for i in range(60):
-                for name in list(targets) if i % 2 else reversed(list(targets)):
-                    url, headers = targets[name]
-                    started = time.perf_counter()
-                    client.post(url, json=SHORT, headers=headers).raise_for_status()
-                    timings[name].append(time.perf_counter() - started)
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(timeout=60)
-    ratio = _slowest_tenth(timings["gateway"]) / _slowest_tenth(timings["direct"])
-    assert ratio <= 3, {name: sorted(v)[-8:] for name, v in timings.items()}
+            assert reply.usage is not None and reply.usage.completion_tokens == 1
+            assert not finished.is_set(), "a long stream ended before the short requests did"
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
 
 
-def _slowest_tenth(values: list[float]) -> float:
-    """The mean of the slowest tenth (at least one value)."""
-    tail = sorted(values)[-max(1, len(values) // 10) :]
-    return sum(tail) / len(tail)
+# Few enough to be answered while a 900-token stream runs (~30 ms each beside it, against
+# seconds for the stream), many enough that one waiting behind the streams would show.
+SHORTS = 10
