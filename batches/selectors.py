@@ -7,10 +7,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum, Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from batches.models import Batch, Line
+from billing.models import UsageRecord
 from inference.gateway.errors import ApiError
 from tenants.models import Tenant
 
@@ -115,6 +117,18 @@ def batch_lines_by_state(batch: Batch) -> dict[str, int]:
         Line.objects.filter(batch=batch).values_list("state").annotate(n=Count("pk")).order_by()
     )
     return {state: found.get(state, 0) for state in Line.State.values}
+
+
+def batch_cost_micros(batch: Batch) -> int:
+    """What the batch has cost so far, in micro-dollars: the ledger's priced records of its
+    answered lines, with their moderation's guard records (``<request id>:guard``)."""
+    answered = Line.objects.filter(batch=batch).exclude(request_id="")
+    guard = answered.annotate(guard=Concat("request_id", Value(":guard"))).values("guard")
+    total = UsageRecord.objects.filter(
+        Q(request_id__in=answered.values("request_id")) | Q(request_id__in=guard),
+        tenant_id=batch.tenant_id,
+    ).aggregate(cost=Sum("cost_micros", default=0))["cost"]
+    return int(total)
 
 
 def batch_lines_failed(batch: Batch, *, limit: int = 20) -> list[Line]:

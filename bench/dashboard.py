@@ -41,7 +41,8 @@ def measure() -> dict[str, Any]:
 
     from billing.invoicing import invoice_compute
     from billing.models import UsageRecord
-    from tenants.models import Membership, Role, Tenant, User
+    from fleet.models import Pool
+    from tenants.models import ApiKey, Membership, Role, Tenant, User
 
     heavy = Tenant.objects.order_by("pk").first()
     assert heavy is not None
@@ -50,6 +51,10 @@ def measure() -> dict[str, Any]:
     )
     Membership.objects.get_or_create(tenant=heavy, user=owner, defaults={"role": Role.OWNER})
     invoice = invoice_compute(tenant=heavy, period_start=MONTH)
+    batch = _batch_of_ledger_records(heavy)
+    key = ApiKey.objects.filter(tenant=heavy).order_by("pk").first()
+    assert key is not None
+    pool = Pool.objects.order_by("name").values_list("name", flat=True).first()
     client = Client()
     client.force_login(owner)
     slug = heavy.slug
@@ -66,8 +71,15 @@ def measure() -> dict[str, Any]:
         "audit log": f"/app/t/{slug}/audit/",
         "LoRA adapters": f"/app/t/{slug}/adapters/",
         "playground": f"/app/t/{slug}/playground/",
+        "API key page": f"/app/t/{slug}/keys/{key.pk}/",
+        "moderation": f"/app/t/{slug}/moderation/",
+        "batches": f"/app/t/{slug}/batches/",
+        f"batch page ({BATCH_LINES:,} lines, cost)": f"/app/t/{slug}/batches/{batch.id}/",
         "operator": "/app/ops/",
+        "price book": "/app/ops/prices/",
     }
+    if pool is not None:
+        pages["operator: a pool"] = f"/app/ops/pools/{pool}/"
     results: dict[str, Any] = {}
     with mock.patch("django.utils.timezone.now", return_value=AS_OF):
         for name, url in pages.items():
@@ -90,6 +102,49 @@ def measure() -> dict[str, Any]:
         cur.execute("SELECT count(*) FROM billing_usagerecord WHERE tenant_id = %s", [heavy.pk])
         results["heavy_tenant_records"] = cur.fetchone()[0]
     return results
+
+
+BATCH_LINES = 10_000
+
+
+def _batch_of_ledger_records(tenant: Any) -> Any:
+    """A finished batch whose lines are BATCH_LINES of the tenant's ledger records (its page
+    sums their cost), made once."""
+    from batches.models import Batch, Line
+    from billing.models import UsageRecord
+
+    found = Batch.objects.filter(tenant=tenant, metadata__bench="dashboard").first()
+    if found is not None:
+        return found
+    records = UsageRecord.objects.filter(tenant=tenant, api_key__isnull=False).order_by("pk")[
+        :BATCH_LINES
+    ]
+    key = records[0].api_key
+    assert key is not None
+    batch = Batch.objects.create(
+        tenant=tenant,
+        api_key=key,
+        input_file_id="file-bench",
+        endpoint="/v1/chat/completions",
+        model="tiny-chat",
+        metadata={"bench": "dashboard"},
+        status=Batch.Status.COMPLETED,
+        expires_at=AS_OF,
+    )
+    Line.objects.bulk_create(
+        Line(
+            batch=batch,
+            number=i,
+            custom_id=f"c{i}",
+            body={},
+            state=Line.State.DONE,
+            request_id=r.request_id,
+            prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens,
+        )
+        for i, r in enumerate(records.iterator(), start=1)
+    )
+    return batch
 
 
 def main() -> None:

@@ -14,16 +14,13 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from batches.asgi import KeyFirst  # noqa: E402
 from controlplane.bodylimit import BoundedBody  # noqa: E402
 from controlplane.metrics import MetricsConsumer  # noqa: E402
 from controlplane.signedin import SignedInFirst  # noqa: E402
-from dashboard.consumers import OpsConsumer  # noqa: E402
 from inference.gateway.routing import http_urlpatterns, websocket_urlpatterns  # noqa: E402
 from moderation.classifier import classifier  # noqa: E402
 from moderation.v1 import ModerationsConsumer  # noqa: E402
@@ -31,12 +28,6 @@ from moderation.v1 import ModerationsConsumer  # noqa: E402
 # The embedded moderation classifier loads in the background (about a second): the first
 # moderated request of this process does not wait for it.
 threading.Thread(target=classifier, name="load-moderation-classifier", daemon=True).start()
-
-# The dashboard's sockets ride on the Django session, so they check the Origin (a page on
-# another site must not open one with the user's cookie); /v1/ws authenticates by API key.
-dashboard_websockets = [
-    path("app/ws/ops", AllowedHostsOriginValidator(AuthMiddlewareStack(OpsConsumer.as_asgi())))
-]
 
 # Django's app for every request the consumers do not take, bodies bounded first.
 django_bounded: Any = BoundedBody(django_asgi_app)  # type: ignore[arg-type]
@@ -57,6 +48,7 @@ application = ProtocolTypeRouter(
                 re_path(r"", django_rest),
             ]
         ),
-        "websocket": URLRouter([*websocket_urlpatterns, *dashboard_websockets]),
+        # /v1/ws only, authenticated by API key: the dashboard's live parts poll over HTTP.
+        "websocket": URLRouter(websocket_urlpatterns),
     }
 )

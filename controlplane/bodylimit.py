@@ -23,8 +23,12 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# Routes that take uploads (a LoRA adapter: the API and the dashboard's form).
-UPLOADS = re.compile(r"^/(api/tenants/[^/]+/adapters/upload|app/t/[^/]+/adapters)/$")
+# Routes that take a LoRA adapter: the API and the dashboard's form.
+ADAPTER_UPLOADS = re.compile(r"^/(api/tenants/[^/]+/adapters/upload|app/t/[^/]+/adapters)/$")
+# The dashboard's batch input file form (the Files API, ``/v1/files``, checks a key instead).
+BATCH_UPLOAD_FORM = re.compile(r"^/app/t/[^/]+/batches/$")
+# Uploads by a signed-in user: their sender is checked before the body is read (signedin).
+UPLOADS = re.compile(f"{ADAPTER_UPLOADS.pattern}|{BATCH_UPLOAD_FORM.pattern}")
 _MULTIPART_SLACK = 1024 * 1024  # the form's other fields and the part headers
 
 
@@ -33,9 +37,9 @@ class BodyTooLarge(Exception):
 
 
 def body_limit(path: str) -> int:
-    if UPLOADS.match(path):
+    if ADAPTER_UPLOADS.match(path):
         return int(settings.ADAPTER_MAX_BYTES) + _MULTIPART_SLACK
-    if path == "/v1/files":  # a batch input file (the Files API)
+    if path == "/v1/files" or BATCH_UPLOAD_FORM.match(path):  # a batch input file
         return int(settings.INFERPLANE_FILE_MAX_BYTES) + _MULTIPART_SLACK
     return int(settings.INFERPLANE_MAX_CONTROL_BODY_BYTES)
 

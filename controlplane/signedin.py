@@ -1,15 +1,17 @@
-"""LoRA uploads check who sends them before Django reads a byte of the body.
+"""Uploads (LoRA adapters; the dashboard's batch files) check who sends them before Django
+reads a byte of the body.
 
 Django's ASGI handler reads a request's whole body (spooling it to disk past 2.5 MB) before
 the view looks at the session or the token: anyone could make a web process take
-``ADAPTER_MAX_BYTES`` of upload without signing in. This wrapper answers from the headers
-alone, as the views would: the control API (``/api/tenants/<slug>/adapters/upload/``) a 401
-in DRF's shape, the dashboard's form (``/app/t/<slug>/adapters/``) a redirect to the sign-in
-page. It authenticates the way the view will (a knox token in ``Authorization: Token …``,
-else a session cookie naming an active user), reading only; the view checks the rest (the
-session's hash, whether the user may upload for that tenant) once the body is in. Any request
-to those paths that carries a body is checked, whatever its method. If the database cannot
-answer, the request goes on to the view.
+``ADAPTER_MAX_BYTES`` (or a batch file's ``INFERPLANE_FILE_MAX_BYTES``) of upload without
+signing in. This wrapper answers from the headers alone, as the views would: the control API
+(``/api/tenants/<slug>/adapters/upload/``) a 401 in DRF's shape, the dashboard's forms
+(``/app/t/<slug>/adapters/``, ``/app/t/<slug>/batches/``) a redirect to the sign-in page. It
+authenticates the way the view will (a knox token in ``Authorization: Token …``, else a
+session cookie naming an active user), reading only; the view checks the rest (the session's
+hash, whether the user may upload for that tenant) once the body is in. Any request to those
+paths that carries a body is checked, whatever its method. If the database cannot answer, the
+request goes on to the view.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib.auth.forms import UserCreationForm
 from django.core.files import File
+from django.db.models import QuerySet
 
 from adapters.models import adapter_name_validator
-from fleet.models import Model
+from batches.wire import ENDPOINTS
+from fleet.models import Model, Pool
 from tenants.models import MAX_BUDGET, MAX_RATE, ApiKey, Role, Tenant, User
 
 
@@ -247,6 +249,69 @@ class TenantCreateForm(forms.Form):
     slug = forms.SlugField(max_length=40, help_text="In URLs and adapter names: a-z, 0-9, -.")
     name = forms.CharField(max_length=200, required=False)
     weight = forms.IntegerField(min_value=1, max_value=1000, initial=1, label="Fair-share weight")
+
+
+class PoolForm(forms.ModelForm[Pool]):
+    """A pool's admission settings as the operator changes them (``pool_configure``, as
+    ``configure_pool`` and the control API do): the fields and their bounds are the model's.
+    Only read: the view saves through the service, never ``form.save()``."""
+
+    replicas_from = forms.CharField(
+        max_length=300,
+        label="Replicas from",
+        help_text="static (registered by hand), or http(s)://SERVICE-NAME:PORT: every address "
+        "of that DNS name is a replica.",
+    )
+
+    class Meta:
+        model = Pool
+        fields = [
+            "max_inflight",
+            "policy",
+            "max_queue_wait_seconds",
+            "max_loras",
+            "max_lora_rank",
+            "drain_grace_seconds",
+        ]
+        labels = {
+            "max_inflight": "Max in flight per replica",
+            "max_queue_wait_seconds": "Max queue wait (s)",
+            "max_loras": "Adapters per replica",
+            "max_lora_rank": "Max adapter rank",
+            "drain_grace_seconds": "Drain grace (s)",
+        }
+
+
+class KeyChoiceField(forms.ModelChoiceField):  # type: ignore[type-arg]
+    """An API key by its name and prefix."""
+
+    def label_from_instance(self, obj: ApiKey) -> str:
+        return f"{obj.name} ({obj.display_prefix})"
+
+
+class BatchUploadForm(forms.Form):
+    """A batch input file sent from the dashboard: stored as ``POST /v1/files`` stores it, then
+    the batch made as ``POST /v1/batches`` makes it, for the key chosen (its limits, budget
+    and usage are the batch's, as if that key had sent it)."""
+
+    file = forms.FileField(
+        label="Input file (.jsonl)", widget=forms.FileInput(attrs={"accept": ".jsonl"})
+    )
+    endpoint = forms.ChoiceField(choices=[(e, e) for e in sorted(ENDPOINTS)])
+    api_key = KeyChoiceField(queryset=ApiKey.objects.none(), label="Run as key", empty_label=None)
+    description = forms.CharField(
+        max_length=512, required=False, label="Description (metadata, optional)"
+    )
+
+    def __init__(self, *args: Any, keys: QuerySet[ApiKey], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cast(KeyChoiceField, self.fields["api_key"]).queryset = keys
+        self.fields["endpoint"].initial = "/v1/chat/completions"
+
+
+class ReplicaAddForm(forms.Form):
+    url = forms.CharField(max_length=200, label="Engine URL", help_text="e.g. http://10.0.0.5:8000")
+    name = forms.CharField(max_length=64, required=False, label="Name (blank: <pool>-<n>)")
 
 
 class PriceForm(forms.Form):

@@ -170,13 +170,14 @@ def ops_sparklines(pools: list[str], *, now: float | None = None) -> dict[str, d
     return found
 
 
-def ops_snapshot() -> dict[str, Any]:
-    """The operator's view of serving right now: per pool its replicas (state from the last
-    probe; in flight, capacity and adapters from the admission state in Redis) and per
-    tenant what runs and what waits."""
+def ops_snapshot(*, name: str | None = None) -> dict[str, Any]:
+    """The operator's view of serving right now: per pool (or the one ``name``d) its replicas
+    (state from the last probe; in flight, capacity and adapters from the admission state in
+    Redis) and per tenant what runs and what waits."""
 
     pools = []
-    every = list(Pool.objects.select_related("model").prefetch_related("replicas"))
+    found = Pool.objects.select_related("model").prefetch_related("replicas")
+    every = list(found.filter(name=name) if name is not None else found)
     states = {pool.name: queue_state(pool.name) for pool in every}
     # Only the tenants that run or wait somewhere: the page stays light with 1,000 tenants.
     active = {t for state in states.values() for t in (*state.running, *state.waiting)}

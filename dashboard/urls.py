@@ -16,6 +16,13 @@ urlpatterns = [
     path("ops/", views.ops, name="ops"),
     path("ops/routes/", views.ops_route, name="ops-route"),
     path("ops/tenants/", views.ops_tenant_create, name="ops-tenant-create"),
+    path("ops/pools/<slug:pool>/", views.ops_pool, name="ops-pool"),
+    path("ops/pools/<slug:pool>/replicas/", views.ops_replica_add, name="ops-replica-add"),
+    path(
+        "ops/pools/<slug:pool>/replicas/<int:replica_id>/<slug:action>/",
+        views.ops_replica_change,
+        name="ops-replica-change",
+    ),
     path("ops/prices/", views.ops_prices, name="ops-prices"),
     path("t/<slug:slug>/", views.overview, name="overview"),
     path("t/<slug:slug>/keys/", views.keys, name="keys"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -39,6 +39,7 @@ from batches import quotas as batch_quotas
 from batches import selectors as batch_selectors
 from batches import services as batch_services
 from batches import wire as batch_wire
+from batches.models import Batch
 from billing.exports import spreadsheet_safe
 from billing.invoicing import invoice_finalize, invoice_void
 from billing.models import Invoice
@@ -47,6 +48,7 @@ from billing.selectors import invoice_get, invoice_list, price_list
 from billing.services import price_set
 from dashboard import forms, selectors
 from dashboard.access import page_access, page_user
+from fleet.models import Pool, Replica
 from inference import selectors as inference_selectors
 from inference import services as inference_services
 from inference.gateway.errors import ApiError
@@ -58,7 +60,7 @@ from tenants import selectors as tenant_selectors
 from tenants import services
 from tenants.access import Perm, TenantAccess
 from tenants.keys import KEY_TAG
-from tenants.models import ApiKey, Invitation, Membership, Role
+from tenants.models import ApiKey, Invitation, Membership, Role, Tenant
 
 CHART_DAYS = 30
 
@@ -126,24 +128,19 @@ SECTION_PERMS = {
 @login_required
 @require_GET
 def overview(request: HttpRequest, slug: str) -> HttpResponse:
+    """The month so far: its tiles (requests, tokens, spend; refreshed every 5 s), tokens
+    and spend by day, the limits, and recent problems and 429s."""
     access = page_access(request, slug)
     tenant = access.tenant
     today = timezone.now().date()
-    summary = selectors.month_summary(tenant=tenant, today=today)
-    budget = tenant.monthly_spend_budget_micros
-    token_budget = tenant.monthly_token_budget
+    tiles = _overview_tiles(tenant, today)
+    if request.GET.get("fragment"):
+        return render(request, "dashboard/_overview_tiles.html", {"tenant": tenant, **tiles})
     context = _context(
         request,
         access,
         "overview",
-        summary=summary,
-        spend_micros=summary["cost"],
-        budget_micros=budget,
-        budget_percent=min(100, round(100 * summary["cost"] / budget)) if budget else None,
-        token_budget=token_budget,
-        token_percent=(
-            min(100, round(100 * summary["tokens"] / token_budget)) if token_budget else None
-        ),
+        **tiles,
         limits=[
             ("Requests per minute", tenant.rpm),
             ("Tokens per minute", tenant.tpm),
@@ -154,9 +151,25 @@ def overview(request: HttpRequest, slug: str) -> HttpResponse:
             tenant=tenant, start=today - timedelta(days=CHART_DAYS - 1), days=CHART_DAYS
         ),
         problems=selectors.recent_problems(tenant=tenant),
-        rejections=selectors.rejections(tenant=tenant, today=today),
     )
     return render(request, "dashboard/overview.html", context)
+
+
+def _overview_tiles(tenant: Tenant, today: date) -> dict[str, Any]:
+    summary = selectors.month_summary(tenant=tenant, today=today)
+    budget = tenant.monthly_spend_budget_micros
+    token_budget = tenant.monthly_token_budget
+    return {
+        "summary": summary,
+        "spend_micros": summary["cost"],
+        "budget_micros": budget,
+        "budget_percent": min(100, round(100 * summary["cost"] / budget)) if budget else None,
+        "token_budget": token_budget,
+        "token_percent": (
+            min(100, round(100 * summary["tokens"] / token_budget)) if token_budget else None
+        ),
+        "rejections": selectors.rejections(tenant=tenant, today=today),
+    }
 
 
 # --- API keys --------------------------------------------------------------------------
@@ -402,11 +415,67 @@ def _batch_rows(access: TenantAccess) -> dict[str, Any]:
 
 
 @login_required
-@require_GET
+@require_http_methods(["GET", "POST"])
 def batches(request: HttpRequest, slug: str) -> HttpResponse:
+    """The tenant's batches (the table refreshes itself), and a batch started from a file
+    sent here: stored as the Files API stores it, made as the Batch API makes it, for a key
+    the member may use (any of the tenant's with the ``batch`` scope for those who manage
+    every key, their own otherwise)."""
     access = page_access(request, slug)
-    context = _context(request, access, "batches", **_batch_rows(access))
-    return render(request, "dashboard/batches.html", context)
+    user = page_user(request)
+    keys = tenant_selectors.api_keys_active(
+        tenant=access.tenant,
+        scope=ApiKey.Scope.BATCH,
+        created_by=None if access.can(Perm.KEYS_MANAGE_ANY) else user,
+    )
+    form = forms.BatchUploadForm(keys=keys)
+    status, too_big = 200, ""
+    if request.method == "POST":
+        if not access.can(Perm.BATCHES_MANAGE):
+            raise PermissionDenied("Your role does not allow starting batches.")
+        status = 400  # unless the batch is made below
+        if int(request.META.get("CONTENT_LENGTH") or 0) > settings.INFERPLANE_FILE_MAX_BYTES:
+            status = 413  # refused before the body is read
+            too_big = f"Files are limited to {settings.INFERPLANE_FILE_MAX_BYTES:,} bytes."
+        else:
+            form = forms.BatchUploadForm(request.POST, request.FILES, keys=keys)
+            if form.is_valid():
+                made = _batch_start(access, form.cleaned_data)
+                if isinstance(made, Batch):
+                    return redirect("dashboard:batch", slug=slug, batch_id=made.id)
+                form.add_error("file" if made.param == "file" else None, made.message)
+    context = _context(
+        request,
+        access,
+        "batches",
+        form=form,
+        too_big=too_big,
+        max_bytes=settings.INFERPLANE_FILE_MAX_BYTES,
+        **_batch_rows(access),
+    )
+    return render(request, "dashboard/batches.html", context, status=status)
+
+
+def _batch_start(access: TenantAccess, data: dict[str, Any]) -> Batch | ApiError:
+    """The file stored, then the batch made: the Batch API's refusal (a quota, a wrong line
+    count) if either step refuses, and then the file is not kept."""
+    try:
+        stored = batch_files.file_upload(tenant=access.tenant, upload=data["file"], purpose="batch")
+    except ApiError as error:
+        return error
+    description = data["description"]
+    params = {
+        "input_file_id": stored.id,
+        "endpoint": data["endpoint"],
+        "completion_window": "24h",
+        "metadata": {"description": description} if description else None,
+    }
+    try:
+        batch, _ = batch_services.batch_create(api_key=data["api_key"], params=params)
+    except ApiError as error:
+        batch_files.file_delete(file=stored)
+        return error
+    return batch
 
 
 @login_required
@@ -437,7 +506,8 @@ def batch_cancel(request: HttpRequest, slug: str, batch_id: str) -> HttpResponse
 @login_required
 @require_GET
 def batch_detail(request: HttpRequest, slug: str, batch_id: str) -> HttpResponse:
-    """One batch: its lines by state, the first errors, tokens so far and its files."""
+    """One batch: its lines by state, the first errors, tokens and cost so far and its files;
+    refreshed every 2 s until it is final."""
     access = page_access(request, slug)
     try:
         found = batch_selectors.batch_get(tenant=access.tenant, batch_id=batch_id)
@@ -459,7 +529,11 @@ def batch_detail(request: HttpRequest, slug: str, batch_id: str) -> HttpResponse
         b=batch_wire.batch_object(found),
         states=batch_selectors.batch_lines_by_state(found),
         failed=failed,
+        cost=batch_selectors.batch_cost_micros(found) if access.can(Perm.BILLING_VIEW) else None,
+        live=found.status not in Batch.FINISHED,
     )
+    if request.GET.get("fragment"):
+        return render(request, "dashboard/_batch_detail.html", context)
     return render(request, "dashboard/batch.html", context)
 
 
@@ -931,11 +1005,17 @@ def _staff(request: HttpRequest) -> None:
 @require_GET
 def ops(request: HttpRequest) -> HttpResponse:
     """Platform staff: pools, replicas and queues (the table refreshes itself every 2 s),
-    model routes (canaries) and the tenants, a page of 50 at a time, searchable."""
+    model routes (canaries) and their changes, and the tenants, a page of 50 at a time,
+    searchable."""
     _staff(request)
     if request.GET.get("fragment"):
         return render(request, "dashboard/_ops.html", selectors.ops_snapshot())
     return _ops_page(request, forms.RouteForm())
+
+
+# What the operator page lists under "Recent changes": the fleet's and the price book's.
+FLEET_ACTIONS = ("route.", "pool.", "replica.", "price.")
+RECENT_CHANGES = 20
 
 
 def _ops_page(
@@ -953,6 +1033,9 @@ def _ops_page(
         "tenant_form": tenant_form or forms.TenantCreateForm(),
         "tenants": selectors.ops_tenants(query=query, page=request.GET.get("page")),
         "query": query,
+        "changes": tenant_selectors.platform_audit_event_list(actions=FLEET_ACTIONS)[
+            :RECENT_CHANGES
+        ],
     }
     return render(request, "dashboard/ops.html", context, status=status)
 
@@ -965,19 +1048,137 @@ def ops_route(request: HttpRequest) -> HttpResponse:
     form = forms.RouteForm(request.POST)
     if request.POST.get("clear"):
         with transaction.atomic():
-            inference_services.model_route_clear(name=request.POST.get("name", ""))
+            inference_services.model_route_clear(
+                name=request.POST.get("name", ""), actor=page_user(request)
+            )
         return redirect("dashboard:ops")
     if form.is_valid():
         try:
             with transaction.atomic():
                 inference_services.model_route_set(
-                    name=form.cleaned_data["name"], targets=form.cleaned_data["targets"]
+                    name=form.cleaned_data["name"],
+                    targets=form.cleaned_data["targets"],
+                    actor=page_user(request),
                 )
         except ValidationError as exc:
             form.add_error(None, exc)
         else:
             return redirect("dashboard:ops")
     return _ops_page(request, form, status=400)
+
+
+def _pool_or_404(name: str) -> Pool:
+    try:
+        return inference_selectors.pool_get(name=name)
+    except Pool.DoesNotExist:
+        raise Http404("No such pool.") from None
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def ops_pool(request: HttpRequest, pool: str) -> HttpResponse:
+    """One pool (platform staff): its replicas, live, with drain / ready / remove; a replica
+    added by hand; its admission settings; and who changed it when. Every change goes
+    through the service the control API and the commands call."""
+    _staff(request)
+    found = _pool_or_404(pool)
+    if request.GET.get("fragment"):
+        context = {**selectors.ops_snapshot(name=found.name), "manage": True}
+        return render(request, "dashboard/_ops.html", context)
+    if request.method == "GET":
+        return _pool_page(request, found)
+    # A fresh copy for the form to fill: the service compares against the stored pool.
+    form = forms.PoolForm(request.POST, instance=_pool_or_404(pool))
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            inference_services.pool_configure(
+                pool=found,
+                **{field: data[field] for field in forms.PoolForm.Meta.fields},
+                discovery=data["replicas_from"],
+                actor=page_user(request),
+            )
+        except ValidationError as exc:
+            _form_errors(form, exc)
+        else:
+            return redirect("dashboard:ops-pool", pool=found.name)
+    return _pool_page(request, found, pool_form=form, status=400)
+
+
+def _pool_page(
+    request: HttpRequest,
+    pool: Pool,
+    *,
+    pool_form: forms.PoolForm | None = None,
+    replica_form: forms.ReplicaAddForm | None = None,
+    error: str = "",
+    status: int = 200,
+) -> HttpResponse:
+    context = {
+        "section": "ops",
+        "pool": pool,
+        **selectors.ops_snapshot(name=pool.name),
+        "manage": True,
+        "pool_form": pool_form
+        or forms.PoolForm(instance=pool, initial={"replicas_from": pool.discovery_url}),
+        "replica_form": replica_form or forms.ReplicaAddForm(),
+        "error": error,
+        "changes": tenant_selectors.platform_audit_event_list(
+            actions=("pool.", "replica."), pool=pool.name
+        )[:RECENT_CHANGES],
+    }
+    return render(request, "dashboard/pool.html", context, status=status)
+
+
+@login_required
+@require_POST
+def ops_replica_add(request: HttpRequest, pool: str) -> HttpResponse:
+    _staff(request)
+    found = _pool_or_404(pool)
+    form = forms.ReplicaAddForm(request.POST)
+    if form.is_valid():
+        try:
+            inference_services.replica_add(
+                pool=found,
+                url=form.cleaned_data["url"],
+                name=form.cleaned_data["name"],
+                actor=page_user(request),
+            )
+        except ValidationError as exc:
+            _form_errors(form, exc)
+        else:
+            return redirect("dashboard:ops-pool", pool=found.name)
+    return _pool_page(request, found, replica_form=form, status=400)
+
+
+@login_required
+@require_POST
+def ops_replica_change(
+    request: HttpRequest, pool: str, replica_id: int, action: str
+) -> HttpResponse:
+    """Drain a replica, bring it back (probed first: ``ready`` or ``down``), or remove it
+    (refused while requests run on it, unless forced)."""
+    _staff(request)
+    found = _pool_or_404(pool)
+    try:
+        replica = inference_selectors.replica_get(pool=found, replica_id=replica_id)
+    except Replica.DoesNotExist:
+        raise Http404("No such replica.") from None
+    if action not in ("drain", "ready", "remove"):
+        raise Http404("No such action.")
+    actor = page_user(request)
+    try:
+        if action == "drain":
+            inference_services.replica_drain(replica=replica, actor=actor)
+        elif action == "ready":
+            inference_services.replica_undrain(replica=replica, actor=actor)
+        else:
+            inference_services.replica_remove(
+                replica=replica, force=request.POST.get("force") == "1", actor=actor
+            )
+    except ValidationError as exc:
+        return _pool_page(request, found, error=" ".join(exc.messages), status=400)
+    return redirect("dashboard:ops-pool", pool=found.name)
 
 
 @login_required

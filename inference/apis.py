@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.api import request_user
 from fleet.models import ModelRoute, Pool, Replica
 from inference import selectors, services
 
@@ -102,7 +103,10 @@ class ReplicaCreateApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         replica = services.replica_add(
-            pool=the_pool, url=data.validated_data["url"], name=data.validated_data.get("name", "")
+            pool=the_pool,
+            url=data.validated_data["url"],
+            name=data.validated_data.get("name", ""),
+            actor=request_user(request),
         )
         return Response(_replica_out(replica), status=status.HTTP_201_CREATED)
 
@@ -113,7 +117,9 @@ class ReplicaDrainApi(APIView):
     @extend_schema(request=None, responses=ReplicaOutputSerializer)
     def post(self, request: Request, pool: str, replica_id: int) -> Response:
         replica = selectors.replica_get(pool=selectors.pool_get(name=pool), replica_id=replica_id)
-        return Response(_replica_out(services.replica_drain(replica=replica)))
+        return Response(
+            _replica_out(services.replica_drain(replica=replica, actor=request_user(request)))
+        )
 
 
 class ReplicaReadyApi(APIView):
@@ -124,7 +130,9 @@ class ReplicaReadyApi(APIView):
     @extend_schema(request=None, responses=ReplicaOutputSerializer)
     def post(self, request: Request, pool: str, replica_id: int) -> Response:
         replica = selectors.replica_get(pool=selectors.pool_get(name=pool), replica_id=replica_id)
-        return Response(_replica_out(services.replica_undrain(replica=replica)))
+        return Response(
+            _replica_out(services.replica_undrain(replica=replica, actor=request_user(request)))
+        )
 
 
 class ReplicaRemoveApi(APIView):
@@ -145,7 +153,9 @@ class ReplicaRemoveApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         name = replica.name
-        in_flight = services.replica_remove(replica=replica, force=data.validated_data["force"])
+        in_flight = services.replica_remove(
+            replica=replica, force=data.validated_data["force"], actor=request_user(request)
+        )
         return Response(self.OutputSerializer({"removed": name, "in_flight": in_flight}).data)
 
 
@@ -198,7 +208,9 @@ class RouteSetApi(APIView):
         data.is_valid(raise_exception=True)
         targets = [(t["target"], t["weight"]) for t in data.validated_data["targets"]]
         with transaction.atomic():
-            route = services.model_route_set(name=name, targets=targets)
+            route = services.model_route_set(
+                name=name, targets=targets, actor=request_user(request)
+            )
         return Response(_route_out(route))
 
 
@@ -210,6 +222,6 @@ class RouteClearApi(APIView):
     @extend_schema(request=None, responses={204: None})
     def delete(self, request: Request, name: str) -> Response:
         with transaction.atomic():
-            if not services.model_route_clear(name=name):
+            if not services.model_route_clear(name=name, actor=request_user(request)):
                 raise NotFound(f"No route named {name!r}.")
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -39,6 +39,8 @@ from inference.engine_auth import engine_auth_headers
 from inference.gateway.admission import adapter_in_use
 from inference.gateway.lora import RECONCILE
 from inference.selectors import replica_in_flight, replicas_in_flight
+from tenants.models import User
+from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +111,9 @@ def pool_configure(
     max_lora_rank: int | None = None,
     discovery: str | None = None,
     drain_grace_seconds: int | None = None,
+    actor: User | None = None,
 ) -> Pool:
+    before = {field: getattr(pool, field) for field in POOL_SETTINGS}
     for field, value in (
         ("max_inflight", max_inflight),
         ("policy", policy),
@@ -124,8 +128,35 @@ def pool_configure(
         _discovery_apply(pool, discovery)
     pool.full_clean()
     pool.save()
+    changed = {
+        field: [before[field], getattr(pool, field)]
+        for field in POOL_SETTINGS
+        if before[field] != getattr(pool, field)
+    }
+    if changed:
+        _platform_audit(actor, "pool.configure", pool, changed)
     transaction.on_commit(catalog_publish)
     return pool
+
+
+# What pool_configure changes, each recorded as [before, after] in the audit log.
+POOL_SETTINGS = (
+    "max_inflight",
+    "policy",
+    "max_queue_wait_seconds",
+    "max_loras",
+    "max_lora_rank",
+    "discovery_url",
+    "drain_grace_seconds",
+)
+
+
+def _platform_audit(
+    actor: User | None, action: str, target: object, details: dict[str, Any]
+) -> None:
+    """An operator's change to the fleet, in the platform's audit log (no tenant): who
+    drained a replica, moved a route's weights or resized a pool, and when."""
+    audit_record(actor=actor, tenant=None, action=action, target=target, details=details)
 
 
 @transaction.atomic
@@ -236,7 +267,7 @@ def _replica_delete(replica: Replica) -> None:
 
 
 @transaction.atomic
-def replica_add(*, pool: Pool, url: str, name: str = "") -> Replica:
+def replica_add(*, pool: Pool, url: str, name: str = "", actor: User | None = None) -> Replica:
     """Register an engine by hand (in a static pool, or beside the discovered ones of a DNS
     pool: those are left alone by discovery). It is ``down`` until its first probe."""
     pool = _pool_locked(pool)
@@ -250,17 +281,23 @@ def replica_add(*, pool: Pool, url: str, name: str = "") -> Replica:
     if name and pool.replicas.filter(name=name).exists():
         raise ValidationError({"name": f"pool {pool.name} already has a replica named {name}"})
     replica = _replica_create(pool=pool, url=url, name=name)
+    _platform_audit(actor, "replica.add", replica, {"pool": pool.name, "url": url})
     transaction.on_commit(catalog_publish)
     log.info("replica %s (%s) added to pool %s", replica.name, url, pool.name)
     return replica
 
 
-def replica_drain(*, replica: Replica) -> Replica:
+def replica_drain(*, replica: Replica, actor: User | None = None) -> Replica:
     """No new requests go to it; the ones running finish. Probes leave it draining."""
-    return replica_set_state(replica=replica, state=Replica.State.DRAINING)
+    with transaction.atomic():
+        replica = replica_set_state(replica=replica, state=Replica.State.DRAINING)
+        _platform_audit(actor, "replica.drain", replica, {"pool": replica.pool.name})
+    return replica
 
 
-def replica_undrain(*, replica: Replica, timeout: float | None = None) -> Replica:
+def replica_undrain(
+    *, replica: Replica, timeout: float | None = None, actor: User | None = None
+) -> Replica:
     """Back into rotation, once it answers: it is probed now and is ``ready`` or ``down``."""
     if replica.vanished_at is not None:
         raise ValidationError(
@@ -268,12 +305,15 @@ def replica_undrain(*, replica: Replica, timeout: float | None = None) -> Replic
         )
     replica_set_state(replica=replica, state=Replica.State.DOWN)
     replica = replica_probe(replica=replica, timeout=timeout)
+    _platform_audit(
+        actor, "replica.ready", replica, {"pool": replica.pool.name, "state": replica.state}
+    )
     transaction.on_commit(catalog_publish)
     return replica
 
 
 @transaction.atomic
-def replica_remove(*, replica: Replica, force: bool = False) -> int:
+def replica_remove(*, replica: Replica, force: bool = False, actor: User | None = None) -> int:
     """Remove a replica. Refused while requests run on it (drain it first and wait), unless
     ``force``: those requests then finish on the engine, or fail over if it goes away.
     Returns the requests that were in flight on it."""
@@ -296,6 +336,12 @@ def replica_remove(*, replica: Replica, force: bool = False) -> int:
             }
         )
     name = replica.name
+    _platform_audit(
+        actor,
+        "replica.remove",
+        replica,
+        {"pool": replica.pool.name, "url": replica.url, "in_flight": in_flight, "force": force},
+    )
     _replica_delete(replica)
     transaction.on_commit(catalog_publish)
     log.info("replica %s removed (%d in flight)", name, in_flight)
@@ -611,7 +657,9 @@ MAX_ROUTE_WEIGHT = 10_000
 _ADAPTER_ADDRESS = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}/[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
-def model_route_set(*, name: str, targets: list[tuple[str, int]]) -> ModelRoute:
+def model_route_set(
+    *, name: str, targets: list[tuple[str, int]], actor: User | None = None
+) -> ModelRoute:
     """Point ``name`` at weighted targets (a canary; weights are integers, 0 sends none).
     Every web process follows within a second (the catalog); requests already running keep
     their target. ``name`` is a model's public name (then each target is a model that
@@ -620,16 +668,22 @@ def model_route_set(*, name: str, targets: list[tuple[str, int]]) -> ModelRoute:
     errors = _route_errors(name, targets)
     if errors:
         raise ValidationError(errors)
+    before = ModelRoute.objects.filter(name=name).values_list("targets", flat=True).first()
     route, _ = ModelRoute.objects.update_or_create(
         name=name, defaults={"targets": [[target, weight] for target, weight in targets]}
     )
+    _platform_audit(actor, "route.set", route, {"before": before, "after": route.targets})
     transaction.on_commit(catalog_publish)
     log.info("route %s -> %s", name, ", ".join(f"{t}={w}" for t, w in targets))
     return route
 
 
-def model_route_clear(*, name: str) -> bool:
+def model_route_clear(*, name: str, actor: User | None = None) -> bool:
     """Stop routing ``name`` (it is a plain model name again, or unknown). Whether it was."""
+    route = ModelRoute.objects.filter(name=name).first()
+    if route is None:
+        return False
+    _platform_audit(actor, "route.clear", route, {"before": route.targets})
     deleted, _ = ModelRoute.objects.filter(name=name).delete()
     if deleted:
         transaction.on_commit(catalog_publish)

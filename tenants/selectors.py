@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from tenants.access import ROLE_PERMS, STAFF_PERMS, TenantAccess
 from tenants.keys import digest_matches, key_parse
@@ -82,6 +83,23 @@ def api_key_list(*, tenant: Tenant) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(tenant=tenant).select_related("created_by")
 
 
+def api_keys_active(
+    *, tenant: Tenant, scope: str, created_by: User | None = None
+) -> QuerySet[ApiKey]:
+    """The tenant's keys that work now and carry ``scope`` (only those ``created_by`` made,
+    if given), by name: what a member may run a batch as from the dashboard."""
+    now = timezone.now()
+    keys = ApiKey.objects.filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=now),
+        tenant=tenant,
+        revoked_at__isnull=True,
+        scopes__contains=[scope],
+    )
+    if created_by is not None:
+        keys = keys.filter(created_by=created_by)
+    return keys.order_by("name", "id")
+
+
 def api_key_get(*, tenant: Tenant, key_id: int) -> ApiKey:
     return ApiKey.objects.select_related("created_by", "tenant").get(tenant=tenant, id=key_id)
 
@@ -100,6 +118,21 @@ def api_key_authenticate(*, raw_key: str, now: datetime | None = None) -> ApiKey
     if not key.is_active_at(now) or not key.tenant.is_active:
         return None
     return key
+
+
+def platform_audit_event_list(
+    *, actions: tuple[str, ...], pool: str | None = None
+) -> QuerySet[AuditEvent]:
+    """The platform's own changes (no tenant: routes, pools, replicas, list prices), newest
+    first: those whose action starts with one of ``actions``; only those about ``pool`` (the
+    pool itself, or one of its replicas) if given."""
+    match = Q()
+    for action in actions:
+        match |= Q(action__startswith=action)
+    events = AuditEvent.objects.filter(match, tenant__isnull=True)
+    if pool is not None:
+        events = events.filter(Q(target_type="pool", target_label=pool) | Q(details__pool=pool))
+    return events
 
 
 def audit_event_list(

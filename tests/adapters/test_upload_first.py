@@ -1,8 +1,8 @@
-"""A LoRA upload no one signed in sends is refused from its headers, before a byte of its body
-is read: Django reads a request's whole body before the view checks the token or the session,
-so anyone could make a web process take an adapter's 256 MB. Driven through the ASGI
-application the web processes run, sending headers only: an answer that waited for the body
-would never come."""
+"""An upload (a LoRA adapter; a batch file sent from the dashboard) no one signed in sends is
+refused from its headers, before a byte of its body is read: Django reads a request's whole
+body before the view checks the token or the session, so anyone could make a web process take
+an adapter's 256 MB. Driven through the ASGI application the web processes run, sending
+headers only: an answer that waited for the body would never come."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 API = "/api/tenants/acme/adapters/upload/"
 DASHBOARD = "/app/t/acme/adapters/"
+BATCH_FORM = "/app/t/acme/batches/"  # the dashboard's batch file, as big as /v1/files takes
 
 
 def _post(
@@ -79,12 +80,13 @@ def test_the_api_refuses_an_upload_no_one_signed_in_sends(
 
 
 @pytest.mark.parametrize("cookie", [b"", b"sessionid=forged", b"sessionid"])
+@pytest.mark.parametrize("form", [DASHBOARD, BATCH_FORM])
 def test_the_dashboard_sends_an_upload_no_one_signed_in_sends_to_sign_in(
-    people: TenantPeople, cookie: bytes
+    people: TenantPeople, cookie: bytes, form: str
 ) -> None:
-    answer = _post(DASHBOARD, *([(b"cookie", cookie)] if cookie else []))
+    answer = _post(form, *([(b"cookie", cookie)] if cookie else []))
     assert answer["status"] == 302
-    assert answer["headers"][b"location"] == b"/app/login/?next=/app/t/acme/adapters/"
+    assert answer["headers"][b"location"] == f"/app/login/?next={form}".encode()
 
 
 def test_an_upload_sent_with_another_method_is_checked_too(people: TenantPeople) -> None:

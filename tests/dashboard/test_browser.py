@@ -501,41 +501,51 @@ def test_the_playground_streams_from_the_real_engine(
     assert record.api_key.name == "playground · developer"
 
 
-def test_the_live_operator_table_is_pushed_to_staff_only(
-    dash_stack: Stack, people: TenantPeople
+def test_the_operator_runs_a_pool_from_its_page_and_it_stays_live(
+    page: Page, dash_stack: Stack, people: TenantPeople
 ) -> None:
-    """Over Channels: staff get the table; a tenant owner, or another site's page using the
-    staff member's cookie, are refused."""
-    from django.test import Client
-    from websockets.exceptions import ConnectionClosed, InvalidStatus
-    from websockets.sync.client import connect
-
-    from inference.services import model_ensure, pool_ensure
+    """From the operator page to the pool's own: a replica added, drained, removed (asked
+    first), each in the pool's changes; a change made through the control API shows up
+    without a reload (the fragment polls, like every live page)."""
+    from fleet.models import Replica
+    from inference.services import model_ensure, pool_ensure, replica_drain
 
     model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
     pool_ensure(name="online", kind="dedicated", model=model, replica_urls=["http://gpu-a:8000"])
+    log_in(page, dash_stack, people.staff)
+    page.goto(f"{dash_stack.url}/app/ops/")
+    page.get_by_role("link", name="online", exact=True).click()
+    expect(page.get_by_role("heading", name="Pool online")).to_be_visible()
+    page.get_by_label("Engine URL").fill("http://gpu-b:8000")
+    page.get_by_role("button", name="Add replica").click()
+    row = page.locator("tr[data-replica='http://gpu-b:8000']")
+    expect(row).to_contain_text("down")
+    row.get_by_role("button", name="Drain").click()
+    expect(row).to_contain_text("draining")
 
-    def cookie(user: User) -> str:
-        client = Client()
-        client.force_login(user)
-        return f"sessionid={client.cookies['sessionid'].value}"
+    asked: list[str] = []
 
-    url = dash_stack.url.replace("http://", "ws://") + "/app/ws/ops"
-    own = dash_stack.url
-    with connect(url, additional_headers={"cookie": cookie(people.staff), "origin": own}) as ws:
-        html = str(ws.recv(timeout=10))
-    assert html.startswith('<div id="ops-live"') and 'data-replica="http://gpu-a:8000"' in html
+    def dismiss(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.dismiss()
 
-    for user, origin in ((people.owner, own), (people.staff, "https://evil.example")):
-        headers = {"cookie": cookie(user), "origin": origin}
-        try:
-            with connect(url, additional_headers=headers, open_timeout=10) as ws:
-                ws.recv(timeout=5)
-            raise AssertionError(f"{user} from {origin} got the operator table")
-        except InvalidStatus as refused:
-            assert refused.response.status_code == 403
-        except ConnectionClosed as closed:
-            assert closed.rcvd is not None and closed.rcvd.code == 4403
+    page.once("dialog", dismiss)
+    row.get_by_role("button", name="Remove").click()
+    page.wait_for_timeout(300)
+    assert asked == ["Remove online-2 from online?"]
+    expect(row).to_be_visible()  # dismissed: still there
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Remove").click()
+    expect(row).to_have_count(0)
+    changes = page.locator("#pool-changes")
+    for action in ("replica.add", "replica.drain", "replica.remove"):
+        expect(changes.locator(f"tr[data-action='{action}']")).to_contain_text("operator")
+
+    replica_drain(replica=Replica.objects.get(url="http://gpu-a:8000"))  # elsewhere
+    expect(page.locator("tr[data-replica='http://gpu-a:8000']")).to_contain_text(
+        "draining", timeout=3_000
+    )
+    shot(page, "operator-pool")
 
 
 @pytest.mark.engine
@@ -609,28 +619,6 @@ def test_swagger_ui_and_the_admin_work_under_the_csp(
     page.goto(f"{dash_stack.url}/admin/tenants/tenant/{people.tenant.pk}/change/")
     expect(page.locator("#id_name")).to_have_value(people.tenant.name)
     shot(page, "admin")
-
-
-def test_the_operator_socket_opens_under_the_csp_and_closes_when_staff_ends(
-    page: Page, dash_stack: Stack, people: TenantPeople
-) -> None:
-    log_in(page, dash_stack, people.staff)
-    frames: list[Any] = []
-    page.on("websocket", lambda ws: ws.on("framereceived", lambda data: frames.append(data)))
-    with page.expect_websocket() as opened:
-        page.goto(f"{dash_stack.url}/app/ops/")
-    socket = opened.value
-    assert socket.url.endswith("/app/ws/ops")
-    for _ in range(50):  # the table, pushed over the socket that connect-src allowed
-        if frames:
-            break
-        page.wait_for_timeout(100)
-    assert frames and '<div id="ops-live"' in str(frames[0])
-    with socket.expect_event("close", timeout=10_000):
-        User.objects.filter(pk=people.staff.pk).update(is_staff=False)
-    # The page reloads a moment later, and no longer exists for this user.
-    page.wait_for_event("load", timeout=15_000)
-    expect(page.get_by_role("heading", name="Pools, replicas and queues")).to_have_count(0)
 
 
 def test_repeated_failed_logins_show_the_lockout_on_the_form(
@@ -724,3 +712,140 @@ def test_the_batches_page_shows_progress_and_a_cancel_lands(
     expect(row.get_by_role("link", name="errors")).to_be_visible()
     expect(row.get_by_role("button", name="Cancel")).to_have_count(0)
     shot(page, "batches-cancelled")
+
+
+def test_a_batch_started_from_the_page_uploads_with_progress_and_its_page_follows_it(
+    page: Page, dash_stack: Stack, people: TenantPeople, tmp_path: Path
+) -> None:
+    """The file goes up with a progress bar, the batch is made for the key chosen, and its
+    page follows it without a reload: the worker's verdict, then lines as they finish."""
+    from batches.models import Batch, Line
+
+    key = api_key_create(
+        tenant=people.tenant, name="nightly", created_by=people.developer, scopes=["batch"]
+    ).api_key
+    log_in(page, dash_stack, people.developer)
+    page.get_by_role("link", name="Batches").click()
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}]}
+    lines = b"".join(
+        json.dumps(
+            {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        ).encode()
+        + b"\n"
+        for i in range(3)
+    )
+    form = page.locator("#batch-upload")
+    # Refused by the server (the Files API's rule): said on the form, the page left as it is.
+    (tmp_path / "in.txt").write_bytes(lines)
+    form.get_by_label("Input file (.jsonl)").set_input_files(tmp_path / "in.txt")
+    form.get_by_role("button", name="Upload and start").click()
+    expect(form.locator("[data-upload-error]")).to_contain_text("must be JSONL")
+    assert not Batch.objects.exists()
+    (tmp_path / "in.jsonl").write_bytes(lines)
+    form.get_by_label("Input file (.jsonl)").set_input_files(tmp_path / "in.jsonl")
+    expect(form.get_by_label("Run as key")).to_have_value(str(key.pk))
+    form.get_by_label("Description (metadata, optional)").fill("from the page")
+    form.get_by_role("button", name="Upload and start").click()
+    page.wait_for_url("**/batches/batch_*/")  # sent by the uploads' script (progress, errors)
+    made = Batch.objects.get(tenant=people.tenant)
+    assert (made.api_key_id, made.metadata) == (key.pk, {"description": "from the page"})
+    assert page.url.endswith(f"/app/t/acme/batches/{made.id}/")
+    # The worker validates it; the page says so by itself.
+    expect(page.locator("[data-status]")).not_to_have_text("validating", timeout=30_000)
+    shot(page, "batch-started")
+
+    # A running batch's page: its lines move as they finish, before the batch does.
+    running = Batch.objects.create(
+        tenant=people.tenant,
+        api_key=key,
+        input_file_id=made.input_file_id,
+        endpoint="/v1/chat/completions",
+        model="tiny-chat",
+        status=Batch.Status.IN_PROGRESS,
+        in_progress_at=datetime.now(UTC),
+        expires_at=datetime.now(UTC) + timedelta(hours=24),
+    )
+    Line.objects.bulk_create(
+        Line(batch=running, number=i, custom_id=f"c{i}", body={}, state="pending")
+        for i in range(1, 5)
+    )
+    page.goto(f"{dash_stack.url}/app/t/acme/batches/{running.id}/")
+    expect(page.locator("tr[data-state='pending'] td")).to_have_text("4")
+    Line.objects.filter(batch=running, number__lte=3).update(state="done", completion_tokens=5)
+    expect(page.locator("tr[data-state='done'] td")).to_have_text("3", timeout=3_000)
+    expect(page.locator("[data-counts]")).to_have_text("3 done, 0 failed of 4")
+    expect(page.locator("[data-tokens]")).to_contain_text("15 out")
+    shot(page, "batch-running")
+
+
+# Every page of the dashboard, for the screenshot tour: (name, path under /app/).
+TENANT_PAGES = [
+    ("overview", "t/acme/"),
+    ("keys", "t/acme/keys/"),
+    ("key", "t/acme/keys/{key}/"),
+    ("members", "t/acme/members/"),
+    ("audit", "t/acme/audit/"),
+    ("limits", "t/acme/limits/"),
+    ("moderation", "t/acme/moderation/"),
+    ("playground", "t/acme/playground/"),
+    ("usage", "t/acme/usage/"),
+    ("invoices", "t/acme/invoices/"),
+    ("invoice", "t/acme/invoices/{invoice}/"),
+    ("adapters", "t/acme/adapters/"),
+    ("batches", "t/acme/batches/"),
+    ("batch", "t/acme/batches/{batch}/"),
+]
+OPERATOR_PAGES = [("ops", "ops/"), ("pool", "ops/pools/online/"), ("prices", "ops/prices/")]
+
+
+@pytest.mark.parametrize("persona", ["owner", "admin", "developer", "finance", "viewer", "staff"])
+def test_every_page_for_every_role_is_whole_and_saved_as_a_screenshot(
+    page: Page, dash_stack: Stack, people: TenantPeople, persona: str
+) -> None:
+    """Each role walks every page: each is whole (200) or a styled refusal (403, or 404 for
+    the operator's pages), never a 500, and never breaks the CSP; the screenshots
+    (``var/screenshots/role-<role>-<page>.png``) are what a reviewer looks at."""
+    from batches.models import Batch
+    from billing.invoicing import invoice_compute
+    from inference.services import model_ensure, pool_ensure
+
+    model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
+    pool_ensure(name="online", kind="dedicated", model=model, replica_urls=["http://gpu-a:8000"])
+    key = api_key_create(tenant=people.tenant, name="support bot", created_by=people.owner)
+    month = datetime.now(UTC).date().replace(day=1)
+    invoice = invoice_compute(tenant=people.tenant, period_start=month)
+    batch = Batch.objects.create(
+        tenant=people.tenant,
+        api_key=key.api_key,
+        input_file_id="file-x",
+        endpoint="/v1/chat/completions",
+        model="tiny-chat",
+        status=Batch.Status.COMPLETED,
+        expires_at=datetime.now(UTC) + timedelta(hours=24),
+    )
+    ids = {"key": key.api_key.pk, "invoice": invoice.pk, "batch": batch.id}
+    log_in(page, dash_stack, people.user(persona))
+    pages = TENANT_PAGES + OPERATOR_PAGES
+    seen: dict[str, int] = {}
+    for name, path in pages:
+        response = page.goto(f"{dash_stack.url}/app/{path.format(**ids)}")
+        assert response is not None
+        seen[name] = response.status
+        shot(page, f"role-{persona}-{name}")
+    assert set(seen.values()) <= {200, 403, 404}, seen
+    expected_operator = 200 if persona == "staff" else 404
+    assert {seen[name] for name, _ in OPERATOR_PAGES} == {expected_operator}
+    assert seen["overview"] == 200 and seen["batches"] == 200
+
+
+def test_the_overview_tiles_follow_usage_without_a_reload(
+    page: Page, dash_stack: Stack, people: TenantPeople
+) -> None:
+    from tests.billing.test_usage import _record, insert_with_rollups
+
+    log_in(page, dash_stack, people.viewer)
+    requests = page.locator("[data-metric=requests]")
+    expect(requests).to_have_text("0")
+    insert_with_rollups([_record(people.tenant), _record(people.tenant)])  # as the worker does
+    expect(requests).to_have_text("2", timeout=8_000)  # polled every 5 s
+    expect(page.locator("[data-metric=tokens]")).to_have_text("36")

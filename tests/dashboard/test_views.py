@@ -79,6 +79,9 @@ def test_an_outsider_gets_404_for_every_page_and_action(people: TenantPeople) ->
     ):
         assert client.post(f"/app/t/acme/{action}", {"name": "x"}).status_code == 404
     assert client.get("/app/t/no-such-tenant/").status_code == 404
+    assert client.get("/app/t/acme/?fragment=1").status_code == 404  # the overview's tiles
+    tiles = browser(people.viewer).get("/app/t/acme/?fragment=1").content.decode()
+    assert tiles.startswith('<section class="tiles" id="tiles" hx-get=') and "<html" not in tiles
     assert ApiKey.objects.get(pk=key.pk).revoked_at is None
     assert ApiKey.objects.filter(tenant=people.tenant).count() == 1
 
@@ -805,6 +808,198 @@ def test_the_operator_reads_and_adds_to_the_price_book_by_the_service_s_rules(
     assert browser(people.owner).get("/app/ops/prices/").status_code == 404
 
 
+def test_the_operator_runs_a_pool_from_its_page_by_the_service_s_rules(
+    people: TenantPeople,
+) -> None:
+    """Add a replica, drain it, remove it, resize the pool: each through the service the
+    control API and the commands call, refused with the reason and nothing changed when
+    wrong, and each in the pool's changes with who did it. Nobody else sees the page."""
+    from fleet.models import Pool, Replica
+    from inference.services import model_ensure, pool_ensure
+
+    model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
+    pool_ensure(name="online", kind="dedicated", model=model, replica_urls=["http://gpu-a:8000"])
+    staff = browser(people.staff)
+    page = staff.get("/app/ops/pools/online/").content.decode()
+    assert 'data-replica="http://gpu-a:8000"' in page and ">Drain</button>" in page
+    assert 'href="/app/ops/pools/online/"' in staff.get("/app/ops/").content.decode()
+
+    bad = staff.post("/app/ops/pools/online/replicas/", {"url": "gpu-b"})
+    assert bad.status_code == 400 and 'class="error"' in bad.content.decode()
+    again = staff.post("/app/ops/pools/online/replicas/", {"url": "http://gpu-a:8000"})
+    assert again.status_code == 400 and "already a replica of pool online" in again.content.decode()
+    added = staff.post("/app/ops/pools/online/replicas/", {"url": "http://gpu-b:8000/"})
+    assert added.status_code == 302
+    replica = Replica.objects.get(url="http://gpu-b:8000")
+    assert replica.state == Replica.State.DOWN  # until its first probe answers
+    base = f"/app/ops/pools/online/replicas/{replica.pk}"
+    assert staff.post(f"{base}/drain/").status_code == 302
+    assert Replica.objects.get(pk=replica.pk).state == Replica.State.DRAINING
+    assert staff.post(f"{base}/reboot/").status_code == 404
+    assert staff.post("/app/ops/pools/spot/replicas/1/drain/").status_code == 404
+    assert staff.post(f"{base}/remove/").status_code == 302
+    assert not Replica.objects.filter(pk=replica.pk).exists()
+
+    settings = {
+        "max_inflight": "0",
+        "policy": "fcfs",
+        "max_queue_wait_seconds": "30",
+        "max_loras": "4",
+        "max_lora_rank": "8",
+        "drain_grace_seconds": "300",
+        "replicas_from": "static",
+    }
+    refused = staff.post("/app/ops/pools/online/", settings)
+    assert refused.status_code == 400 and "greater than or equal to 1" in refused.content.decode()
+    dns = staff.post(
+        "/app/ops/pools/online/", {**settings, "max_inflight": "16", "replicas_from": "ftp://x"}
+    )
+    assert dns.status_code == 400
+    assert Pool.objects.get(name="online").max_inflight == 8  # nothing changed
+    assert (
+        staff.post("/app/ops/pools/online/", {**settings, "max_inflight": "16"}).status_code == 302
+    )
+    pool = Pool.objects.get(name="online")
+    assert (pool.max_inflight, pool.policy) == (16, "fcfs")
+
+    events = list(AuditEvent.objects.filter(tenant=None).order_by("id"))
+    assert [(e.action, e.actor_label) for e in events] == [
+        ("replica.add", "operator"),
+        ("replica.drain", "operator"),
+        ("replica.remove", "operator"),
+        ("pool.configure", "operator"),
+    ]
+    assert events[-1].details == {"max_inflight": [8, 16], "policy": ["vtc", "fcfs"]}
+    changes = staff.get("/app/ops/pools/online/").content.decode().split('id="pool-changes"')[1]
+    assert changes.count("<tr data-action=") == 4 and "http://gpu-b:8000" in changes
+
+    for persona in ("owner", "admin", "outsider"):
+        client = browser(people.user(persona))
+        assert client.get("/app/ops/pools/online/").status_code == 404
+        assert client.get("/app/ops/pools/online/?fragment=1").status_code == 404
+        assert (
+            client.post("/app/ops/pools/online/", {**settings, "max_inflight": "1"}).status_code
+            == 404
+        )
+        assert (
+            client.post("/app/ops/pools/online/replicas/", {"url": "http://gpu-c:8000"}).status_code
+            == 404
+        )
+        gpu_a = Replica.objects.get(url="http://gpu-a:8000")
+        assert client.post(f"/app/ops/pools/online/replicas/{gpu_a.pk}/remove/").status_code == 404
+    assert Pool.objects.get(name="online").max_inflight == 16
+    assert Replica.objects.filter(pool__name="online").count() == 1
+    assert AuditEvent.objects.filter(tenant=None).count() == 4
+
+
+def test_every_route_change_is_kept_with_who_made_it(people: TenantPeople) -> None:
+    """The operator page's recent changes are the routes' history: each weight move, from the
+    dashboard or the control API, with its weights before and after."""
+    from rest_framework.test import APIClient
+
+    from inference.services import model_ensure
+
+    model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
+    model_ensure(name="tiny-chat-next", served_name="tiny-chat-next", context_length=1024)
+    staff = browser(people.staff)
+    canary = {"name": "chat", "targets": "tiny-chat=90 tiny-chat-next=10"}
+    assert staff.post("/app/ops/routes/", canary).status_code == 302
+    api = APIClient()
+    api.force_authenticate(people.staff)
+    rollback = {"targets": [{"target": "tiny-chat", "weight": 100}]}
+    assert api.put("/api/routes/chat/set/", rollback, format="json").status_code == 200
+    assert (
+        staff.post("/app/ops/routes/", {"name": "chat", "targets": "-", "clear": "1"}).status_code
+        == 302
+    )
+    events = list(AuditEvent.objects.filter(tenant=None).order_by("id"))
+    assert [(e.action, e.actor_label, e.target_label) for e in events] == [
+        ("route.set", "operator", "chat"),
+        ("route.set", "operator", "chat"),
+        ("route.clear", "operator", "chat"),
+    ]
+    assert events[0].details == {
+        "before": None,
+        "after": [["tiny-chat", 90], ["tiny-chat-next", 10]],
+    }
+    assert events[1].details["before"] == [["tiny-chat", 90], ["tiny-chat-next", 10]]
+    assert events[2].details == {"before": [["tiny-chat", 100]]}
+    changes = staff.get("/app/ops/").content.decode().split('id="ops-changes"')[1]
+    assert changes.count('data-action="route.') == 3
+
+
+def test_a_batch_is_started_from_a_file_sent_in_the_dashboard(people: TenantPeople) -> None:
+    """Stored as the Files API stores it and made as the Batch API makes it, for a key the
+    member may use; every refusal named on the form, and nothing kept from it."""
+    import orjson
+
+    from batches.models import Batch, File
+    from tenants.models import Tenant
+
+    def key(name: str, by: User, scopes: list[str]) -> ApiKey:
+        return api_key_create(tenant=people.tenant, name=name, created_by=by, scopes=scopes).api_key
+
+    shared = key("nightly runner", people.owner, ["batch"])
+    own = key("dev batches", people.developer, ["inference", "batch"])
+    online = key("chat only", people.owner, ["inference"])
+    gone = key("old runner", people.owner, ["batch"])
+    api_key_revoke(api_key=gone, actor=people.owner)
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}]},
+    }
+    jsonl = orjson.dumps(line) + b"\n" + orjson.dumps({**line, "custom_id": "b"}) + b"\n"
+
+    def send(client: Client, api_key: ApiKey, name: str = "in.jsonl", body: bytes = jsonl) -> Any:
+        form = {
+            "file": SimpleUploadedFile(name, body),
+            "endpoint": "/v1/chat/completions",
+            "api_key": str(api_key.pk),
+            "description": "nightly eval",
+        }
+        return client.post("/app/t/acme/batches/", form)
+
+    owner, developer = browser(people.owner), browser(people.developer)
+    offered = owner.get("/app/t/acme/batches/").content.decode().split('id="batch-upload"')[1]
+    assert "nightly runner" in offered and "dev batches" in offered
+    assert "chat only" not in offered and "old runner" not in offered
+    mine = developer.get("/app/t/acme/batches/").content.decode().split('id="batch-upload"')[1]
+    assert "dev batches" in mine and "nightly runner" not in mine  # only the keys they made
+
+    made = send(owner, shared)
+    batch = Batch.objects.get()
+    assert made.status_code == 302 and made["Location"] == f"/app/t/acme/batches/{batch.id}/"
+    assert (batch.api_key, batch.metadata, batch.status) == (
+        shared,
+        {"description": "nightly eval"},
+        "validating",
+    )
+    assert File.objects.get(id=batch.input_file_id).lines == 2
+    assert send(developer, own).status_code == 302  # a developer, as a key they made
+    assert Batch.objects.filter(api_key=own).count() == 1
+
+    # Refused, with the reason, and nothing made or kept.
+    borrowed = send(developer, shared)
+    assert borrowed.status_code == 400 and "Select a valid choice" in borrowed.content.decode()
+    assert send(owner, online).status_code == 400
+    assert send(owner, gone).status_code == 400
+    wrong = send(owner, shared, name="in.csv")
+    assert wrong.status_code == 400 and "must be JSONL" in wrong.content.decode()
+    empty = send(owner, shared, body=b"")
+    assert empty.status_code == 400
+    Tenant.objects.filter(pk=people.tenant.pk).update(max_open_batches=2)
+    full = send(owner, shared)
+    assert full.status_code == 400 and "its quota of open batches" in full.content.decode()
+    assert Batch.objects.count() == 2 and File.objects.count() == 2
+    viewer = browser(people.viewer)
+    assert 'id="batch-upload"' not in viewer.get("/app/t/acme/batches/").content.decode()
+    assert send(viewer, shared).status_code == 403
+    assert send(browser(people.outsider), shared).status_code == 404
+    assert Batch.objects.count() == 2 and File.objects.count() == 2
+
+
 def test_a_batch_has_a_page_with_its_lines_by_state_and_first_errors(people: TenantPeople) -> None:
     from batches.models import Batch, Line
 
@@ -834,8 +1029,31 @@ def test_a_batch_has_a_page_with_its_lines_by_state_and_first_errors(people: Ten
         )
         for i, state in enumerate(states, start=1)
     )
+    # Its cost so far: its answered lines' records in the ledger, their guard's too; never
+    # another batch's, nor another tenant's record with a line's id.
+    from billing.models import UsageRecord
+    from billing.services import usage_records_insert
+
+    done = list(Line.objects.filter(batch=batch, state="done").order_by("number"))
+    ids = [f"req-{line.number}" for line in done]
+    for line, request_id in zip(done, ids, strict=True):
+        Line.objects.filter(pk=line.pk).update(request_id=request_id)
+    ledger = [_record(people.tenant, request_id=i, mode="batch") for i in ids]
+    ledger.append(_record(people.tenant, request_id=f"{ids[0]}:guard", mode="batch"))
+    ledger.append(_record(people.tenant, request_id="req-other-batch", mode="batch"))
+    usage_records_insert(ledger)
+    costs = {ids[0]: 1_500, ids[1]: 2_000, f"{ids[0]}:guard": 300, "req-other-batch": 9_000_000}
+    for request_id, cost in costs.items():
+        UsageRecord.objects.filter(request_id=request_id).update(cost_micros=cost)
     page = browser(people.viewer).get(f"/app/t/acme/batches/{batch.id}/").content.decode()
     assert "2 done, 1 failed of 5" in page and "20 in" in page
+    assert "data-cost" not in page  # a viewer sees no money
+    finance = browser(people.finance).get(f"/app/t/acme/batches/{batch.id}/").content.decode()
+    assert "<td data-cost>$0.0038 " in finance
+    fragment = browser(people.owner).get(f"/app/t/acme/batches/{batch.id}/?fragment=1")
+    html = fragment.content.decode()
+    assert html.startswith('<div id="batch-live" hx-get=') and "<html" not in html
+    assert "$0.0038" in html
     for state, n in (("pending", 1), ("running", 1), ("done", 2), ("failed", 1), ("expired", 0)):
         assert f'<tr data-state="{state}"><th>{state}</th><td>{n}</td></tr>' in page
     assert "max_tokens is too large" in page and "<code>c3</code>" in page
@@ -846,5 +1064,6 @@ def test_a_batch_has_a_page_with_its_lines_by_state_and_first_errors(people: Ten
     assert f'href="/app/t/acme/batches/{batch.id}/"' in listing
     outsider = browser(people.outsider)
     assert outsider.get(f"/app/t/acme/batches/{batch.id}/").status_code == 404
+    assert outsider.get(f"/app/t/acme/batches/{batch.id}/?fragment=1").status_code == 404
     assert outsider.get(f"/app/t/globex/batches/{batch.id}/").status_code == 404  # its own slug
     assert browser(people.owner).get("/app/t/acme/batches/batch_nope/").status_code == 404

@@ -30,7 +30,7 @@ document.addEventListener("submit", (event) => {
   if (form && !window.confirm(form.dataset.confirm)) event.preventDefault();
 });
 
-// Adapter upload with a progress bar (XHR, so the browser reports bytes sent).
+// Uploads (an adapter, a batch file) with a progress bar (XHR: the browser reports bytes sent).
 document.querySelectorAll("form[data-upload]").forEach((form) => {
   form.addEventListener("submit", (event) => {
     event.preventDefault();
@@ -41,7 +41,7 @@ document.querySelectorAll("form[data-upload]").forEach((form) => {
     let size = 0;
     for (const value of data.values()) if (value instanceof File) size += value.size;
     if (size > Number(form.dataset.maxBytes)) {
-      error.textContent = `Too large: adapters are limited to ${Number(form.dataset.maxBytes).toLocaleString()} bytes.`;
+      error.textContent = `Too large: the limit is ${Number(form.dataset.maxBytes).toLocaleString()} bytes.`;
       error.hidden = false;
       return;
     }
@@ -53,7 +53,7 @@ document.querySelectorAll("form[data-upload]").forEach((form) => {
     xhr.addEventListener("load", () => {
       button.disabled = false;
       if (xhr.status < 400 && xhr.responseURL) {
-        window.location.assign(xhr.responseURL);  // the page, with the new version validating
+        window.location.assign(xhr.responseURL);  // where the form's view sent it
       } else {
         // The server answered with its page and the form's errors: show those errors here and
         // keep this page (its scripts, its confirmations, the files chosen) as it is.
@@ -109,25 +109,13 @@ if (usage && window.Chart) {
     chart.data.datasets.reduce((n, d) => n + d.data.filter((v) => v > 0).length, 0));
 }
 
-// The operator page's live table: pushed over a WebSocket (Channels) whenever it changes;
-// if the socket cannot be had, the same fragment is fetched every 2 s instead.
-const live = document.getElementById("ops-live");
-if (live) {
-  const swap = (html) => {
-    const current = document.getElementById("ops-live");
-    if (current) current.outerHTML = html;
-  };
-  const poll = () => setInterval(async () => {
-    const response = await fetch(live.dataset.fallback, { credentials: "same-origin" });
-    if (response.ok) swap(await response.text());
-  }, 2000);
-  try {
-    const socket = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${live.dataset.live}`);
-    let opened = false;
-    socket.onopen = () => { opened = true; };
-    socket.onmessage = (event) => swap(event.data);
-    socket.onclose = () => { if (!opened) poll(); else setTimeout(() => location.reload(), 5000); };
-  } catch (e) {
-    poll();
-  }
-}
+// Live parts (the operator's pools, batches, adapters being validated) poll their fragment
+// with htmx every 2 s, the one mechanism for every live page; a tab in the background skips
+// its polls, and catches up as soon as it is shown again.
+document.addEventListener("htmx:before:request", (event) => {
+  if (document.hidden && event.target.matches("[hx-trigger^='every']")) event.preventDefault();
+});
+document.addEventListener("visibilitychange", () => {
+  if (document.hidden) return;
+  for (const live of document.querySelectorAll("[hx-trigger^='every']")) htmx.ajax("GET", live.getAttribute("hx-get"), { source: live, target: live, swap: live.getAttribute("hx-swap") || "outerHTML" });
+});
