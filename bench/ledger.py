@@ -95,11 +95,11 @@ def build(records: int, tenants: int, *, force: bool) -> None:
                 INSERT INTO billing_usagerecord
                   (request_id, tenant_id, api_key_id, model, adapter, endpoint, mode, status,
                    prompt_tokens, completion_tokens, cached_tokens, cost_micros, pool, replica,
-                   ttft_ms, duration_ms, error, started_at, finished_at)
+                   ttft_ms, duration_ms, error, started_at, finished_at, route)
                 SELECT md5(g::text), %(t0)s::bigint + n, %(k0)s::bigint + n, m, '',
                        'chat.completions', mode, 'ok', p, c, p / 4,
                        p * 15 / 100 + c * 60 / 100, 'online', 'http://r1',
-                       40, 900, '', ts, ts + interval '900 milliseconds'
+                       40, 900, '', ts, ts + interval '900 milliseconds', ''
                 FROM (
                   SELECT g,
                     CASE WHEN g %% %(heavy)s::bigint = 0 THEN 0

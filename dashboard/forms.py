@@ -217,9 +217,9 @@ class ModerationPolicyForm(forms.Form):
 
     @classmethod
     def initial_for(cls, policy: Any) -> dict[str, Any]:
-        if policy is None:
+        if policy is None:  # off, as the tenant is; the rest is what ticking it turns on
             return {
-                "enabled": True, "check_input": True, "check_output": True, "action": "block",
+                "enabled": False, "check_input": True, "check_output": True, "action": "block",
                 "threshold": 0.8, "pii_action": "off", "classifier": True, "output_mode": "async",
                 "window_tokens": 64, "overlap_tokens": 16, "fail_open": True, "budget_ms": 250,
             }  # fmt: skip

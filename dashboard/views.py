@@ -920,8 +920,17 @@ def _invoice_of(access: TenantAccess, invoice_id: int) -> Invoice:
 def _invoice_page(
     request: HttpRequest, access: TenantAccess, found: Invoice, error: str = "", status: int = 200
 ) -> HttpResponse:
+    # The first day after the invoice's month: it can be finalized from then on.
+    month_end = (found.period_start.replace(day=28) + timedelta(days=4)).replace(day=1)
     context = _context(
-        request, access, "invoices", invoice=found, lines=found.lines.all(), error=error
+        request,
+        access,
+        "invoices",
+        invoice=found,
+        lines=found.lines.all(),
+        error=error,
+        month_end=month_end,
+        month_over=month_end <= timezone.now().date(),
     )
     return render(request, "dashboard/invoice.html", context, status=status)
 

@@ -725,6 +725,8 @@ def test_staff_finalize_and_void_an_invoice_in_the_dashboard_by_the_api_s_rules(
     early = staff.post(f"/app/t/acme/invoices/{current.pk}/finalize/")
     assert early.status_code == 400 and "not over yet" in early.content.decode()
     assert Invoice.objects.get(pk=current.pk).status == "draft"
+    page = staff.get(f"/app/t/acme/invoices/{current.pk}/").content.decode()
+    assert "data-not-over" in page and ">Finalize</button>" not in page  # not offered yet
 
     assert staff.post(f"/app/t/acme/invoices/{past.pk}/finalize/").status_code == 302
     assert Invoice.objects.get(pk=past.pk).status == "finalized"
