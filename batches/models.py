@@ -156,6 +156,9 @@ class Line(models.Model):
     prompt_tokens = models.IntegerField(default=0)
     completion_tokens = models.IntegerField(default=0)
     cached_tokens = models.IntegerField(default=0)
+    # What the line's records (its own, its guard's) cost, in micro-dollars: as the ledger
+    # prices them, fixed when the line is stored (batches.runner). 0 for lines stored before.
+    cost_micros = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [

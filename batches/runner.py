@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q, TextField
@@ -41,6 +42,7 @@ from redis.exceptions import RedisError
 
 from batches.models import Batch, Line
 from batches.wire import ENDPOINTS, error_body
+from billing.pricing import PriceBook
 from billing.services import usage_records_insert
 from contract import UsageRecord
 from controlplane.redis import redis_sync
@@ -252,10 +254,14 @@ def _store_many(token: str, answers: list[Answer]) -> int:
     if not final:
         return kept
     outcomes: Counter[str] = Counter()
+    # Priced here, as the ledger would price them (the price in force when each started), so
+    # each line keeps what it cost: a batch's cost so far is a sum over its lines.
+    book = PriceBook.for_models({r.model for a in final for r in _records(a)})
     with transaction.atomic():
         billed = []
         for answer in final:
-            record = answer.record
+            records = [_priced(r, book) for r in _records(answer)]
+            record = records[0] if records else None
             stored = Line.objects.filter(
                 pk=answer.line.pk, owner=token, state=Line.State.RUNNING
             ).update(
@@ -269,17 +275,27 @@ def _store_many(token: str, answers: list[Answer]) -> int:
                 prompt_tokens=record.prompt_tokens if record else 0,
                 completion_tokens=record.completion_tokens if record else 0,
                 cached_tokens=record.cached_tokens if record else 0,
+                cost_micros=sum(r.cost_micros or 0 for r in records),
             )
             kept += stored
             if stored:
                 outcomes["done" if answer.status == 200 else "failed"] += 1
-            if stored and record is not None:
-                billed.append(record)
-                billed.extend(answer.extra)
+                billed.extend(records)
         if billed:
             usage_records_insert(billed)
     _count_processed(outcomes)
     return kept
+
+
+def _records(answer: Answer) -> list[UsageRecord]:
+    """What an answer bills: its record, then its guard's (none without a record)."""
+    return [answer.record, *answer.extra] if answer.record is not None else []
+
+
+def _priced(record: UsageRecord, book: PriceBook) -> UsageRecord:
+    if record.cost_micros is not None:
+        return record
+    return msgspec.structs.replace(record, cost_micros=book.cost_micros(record))
 
 
 def _count_processed(outcomes: Counter[str]) -> None:

@@ -7,12 +7,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum, Value
-from django.db.models.functions import Concat
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from batches.models import Batch, Line
-from billing.models import UsageRecord
 from inference.gateway.errors import ApiError
 from tenants.models import Tenant
 
@@ -120,15 +118,11 @@ def batch_lines_by_state(batch: Batch) -> dict[str, int]:
 
 
 def batch_cost_micros(batch: Batch) -> int:
-    """What the batch has cost so far, in micro-dollars: the ledger's priced records of its
-    answered lines, with their moderation's guard records (``<request id>:guard``)."""
-    answered = Line.objects.filter(batch=batch).exclude(request_id="")
-    guard = answered.annotate(guard=Concat("request_id", Value(":guard"))).values("guard")
-    total = UsageRecord.objects.filter(
-        Q(request_id__in=answered.values("request_id")) | Q(request_id__in=guard),
-        tenant_id=batch.tenant_id,
-    ).aggregate(cost=Sum("cost_micros", default=0))["cost"]
-    return int(total)
+    """What the batch has cost so far, in micro-dollars: what its answered lines' records
+    (theirs and their guard's) were billed, kept on each line when it was stored."""
+    return int(
+        Line.objects.filter(batch=batch).aggregate(cost=Sum("cost_micros", default=0))["cost"]
+    )
 
 
 def batch_lines_failed(batch: Batch, *, limit: int = 20) -> list[Line]:

@@ -42,6 +42,7 @@ def measure() -> dict[str, Any]:
     from billing.invoicing import invoice_compute
     from billing.models import UsageRecord
     from fleet.models import Pool
+    from inference.services import model_ensure, pool_ensure
     from tenants.models import ApiKey, Membership, Role, Tenant, User
 
     heavy = Tenant.objects.order_by("pk").first()
@@ -54,6 +55,10 @@ def measure() -> dict[str, Any]:
     batch = _batch_of_ledger_records(heavy)
     key = ApiKey.objects.filter(tenant=heavy).order_by("pk").first()
     assert key is not None
+    if not Pool.objects.exists():  # the operator's pool page, with eight replicas
+        model = model_ensure(name="tiny-chat", served_name="tiny-chat", context_length=1024)
+        urls = [f"http://gpu-{i}:8000" for i in range(8)]
+        pool_ensure(name="online", kind="dedicated", model=model, replica_urls=urls)
     pool = Pool.objects.order_by("name").values_list("name", flat=True).first()
     client = Client()
     client.force_login(owner)
@@ -78,8 +83,7 @@ def measure() -> dict[str, Any]:
         "operator": "/app/ops/",
         "price book": "/app/ops/prices/",
     }
-    if pool is not None:
-        pages["operator: a pool"] = f"/app/ops/pools/{pool}/"
+    pages["operator: a pool (8 replicas)"] = f"/app/ops/pools/{pool}/"
     results: dict[str, Any] = {}
     with mock.patch("django.utils.timezone.now", return_value=AS_OF):
         for name, url in pages.items():

@@ -186,6 +186,9 @@ def test_a_batch_runs_on_the_spot_pool_and_its_results_match_the_ledger(spot: Wo
     for r in records:  # a micro-dollar per token in, two out, half off in batch mode
         expected = (Decimal(r.prompt_tokens) + 2 * r.completion_tokens) / 2
         assert r.cost_micros == int(expected.quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    # Each line keeps what its record cost (the dashboard's cost so far sums them).
+    costs = dict(Line.objects.filter(batch_id=batch.id).values_list("request_id", "cost_micros"))
+    assert costs == {r.request_id: r.cost_micros for r in records}
     # The online pool never saw the batch.
     assert not UsageRecord.objects.filter(tenant=tenant, pool="online").exists()
 
