@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('batches', '0005_line_size'),
+        ("batches", "0005_line_size"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='line',
-            name='cost_micros',
+            model_name="line",
+            name="cost_micros",
             field=models.BigIntegerField(default=0),
         ),
     ]
