@@ -97,7 +97,7 @@ run: setup
 	@# GET /metrics answers only a bearer of this token (it names tenants and their spend).
 	@test -s var/metrics-token || (umask 077; $(PY) -c "import secrets; print(secrets.token_urlsafe(32))" > var/metrics-token)
 	$(PY) manage.py migrate --noinput -v0
-	INFERPLANE_ENGINE_API_KEY="$$(cat var/engine-api-key)" $(PY) manage.py seed_demo --guard-url http://127.0.0.1:8103
+	INFERPLANE_ENGINE_API_KEY="$$(cat var/engine-api-key)" $(PY) manage.py seed_demo --guard-url http://127.0.0.1:8103 --embed-url http://127.0.0.1:8104
 	@# honcho runs every process of the Procfile and stops them all on Ctrl-C.
 	INFERPLANE_ENGINE_API_KEY="$$(cat var/engine-api-key)" INFERPLANE_METRICS_TOKEN="$$(cat var/metrics-token)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start -f Procfile
 
@@ -169,6 +169,7 @@ bench: setup
 	$(PY) -m bench.ledger
 	$(PY) -m bench.lora
 	$(PY) -m bench.dashboard
+	$(PY) -m bench.embeddings
 	$(PY) -m bench.batch
 	$(PY) -m bench.moderation
 	$(PY) -m bench.guard_isolation

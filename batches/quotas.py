@@ -153,9 +153,14 @@ class Estimate:
     unbounded: int = 0
 
     def add(self, body: dict[str, Any]) -> None:
-        """A line's prompt (the texts of its messages, roles included, tools and prompt, four
-        characters a token) and what it may generate: every sequence it runs (prompts x
+        """A line's prompt (the texts of its messages, roles included, tools and prompt, or an
+        embeddings line's inputs; four characters a token) and what it may generate (nothing,
+        for embeddings): every sequence it runs (prompts x
         ``max(n, best_of)``) times ``max_completion_tokens`` or ``max_tokens``."""
+        if "input" in body and "messages" not in body and "prompt" not in body:
+            # An embeddings line: its inputs, and nothing generated.
+            self.tokens += -(-_text_length(body["input"]) // CHARS_PER_TOKEN)
+            return
         prompt = sum(_text_length(body.get(name)) for name in ("messages", "prompt", "tools"))
         self.tokens += -(-prompt // CHARS_PER_TOKEN)
         prompts = body.get("prompt")

@@ -11,7 +11,11 @@ import orjson
 from batches.models import Batch, Line, epoch
 from batches.selectors import batch_line_counts, batch_usage
 
-ENDPOINTS = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
+ENDPOINTS = {
+    "/v1/chat/completions": "chat.completions",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
 
 
 def batch_object(batch: Batch) -> dict[str, Any]:

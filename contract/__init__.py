@@ -65,7 +65,8 @@ class CatalogModel(msgspec.Struct, frozen=True):
     online_pool: str | None = None  # a dedicated pool serving it, for /v1
     batch_pool: str | None = None  # a spot pool serving it, for batch jobs
     prices: Prices = {}
-    task: str = "generate"  # or "classify": a guard model, reached only through moderation
+    # "classify": a guard model, reached only through moderation; "embed": /v1/embeddings only
+    task: str = "generate"
 
     def open_to(self, tenant_id: int) -> bool:
         return self.is_public or tenant_id in self.allowed_tenants

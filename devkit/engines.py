@@ -24,3 +24,14 @@ def guard_engine_command(port: int, *extra_args: str) -> str:
     """The guard engine's command, as the Procfile's ``engine-guard`` line runs it."""
     env = shlex.join([f"MODEL_DIR={guard_model_dir()}", "SERVED_MODEL_NAME=tiny-guard"])
     return f"env {env} {engine_command(port, *extra_args)}"
+
+
+# The tiny chat checkpoint served as an embedding model: vLLM's pooling runner converts it
+# (mean of the last hidden states, normalized), on an engine of its own (one runner each).
+EMBED_ENGINE_ARGS = ("--runner", "pooling", "--convert", "embed")
+
+
+def embed_engine_command(port: int, *extra_args: str) -> str:
+    """The embedding engine's command, as the Procfile's ``engine-embed`` line runs it."""
+    env = shlex.join(["SERVED_MODEL_NAME=tiny-embed"])
+    return f"env {env} {engine_command(port, *EMBED_ENGINE_ARGS, *extra_args)}"

@@ -68,9 +68,12 @@ class Model(models.Model):
     class Task(models.TextChoices):
         GENERATE = "generate", "Generates text (chat, completions)"
         CLASSIFY = "classify", "Classifies text (a guard model for moderation)"
+        EMBED = "embed", "Embeds text (/v1/embeddings)"
 
     # A classifier is served on vLLM's /classify, reached only through moderation (a guard
-    # model in a tenant's policy, or /v1/moderations); /v1 completions refuse it.
+    # model in a tenant's policy, or /v1/moderations); an embedding model only through
+    # /v1/embeddings (an engine of its own: `--runner pooling --convert embed`). Each /v1
+    # endpoint refuses a model of another task.
     task = models.CharField(max_length=16, choices=Task.choices, default=Task.GENERATE)
     # What a chat message may carry besides text. A text-only model refuses other content
     # parts with 400 (they would otherwise reach the engine, and a multimodal engine fetches

@@ -33,6 +33,7 @@ OPERATIONS = {
     "/batches/{batch_id}": ["get"],
     "/batches/{batch_id}/cancel": ["post"],
     "/moderations": ["post"],
+    "/embeddings": ["post"],
 }
 # Not reached from any operation's declared response, but every error body has this shape.
 EXTRA = ["ErrorResponse"]

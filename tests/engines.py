@@ -18,7 +18,7 @@ from typing import IO
 import httpx
 import pytest
 
-from devkit.engines import engine_command, guard_engine_command
+from devkit.engines import embed_engine_command, engine_command, guard_engine_command
 
 ROOT = Path(__file__).resolve().parent.parent
 # Each group of ``make test`` logs to a folder of its own (devkit/test_groups.py).
@@ -139,6 +139,16 @@ def guard_engine_start(port: int | None = None) -> Engine:
     return Engine(port=port, process=process, log_path=log_path)
 
 
+def embed_engine_start(port: int | None = None) -> Engine:
+    """An engine serving the tiny model as an embedding model (``tiny-embed``)."""
+    port = port or free_port()
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log_path = LOG_DIR / f"embed-engine-{port}.log"
+    with log_path.open("wb") as log:
+        process = engine_popen(embed_engine_command(port, *TEST_ENGINE_ARGS), log)
+    return Engine(port=port, process=process, log_path=log_path)
+
+
 # The engines a session needs. The session's own (``engine``, ``guard_engine``,
 # ``lora_engine``) are started together, when the first of them a selected test uses is asked
 # for, and live until the end: most of a start is single-threaded Python, so on two cores three
@@ -153,6 +163,7 @@ STARTERS: dict[str, Callable[[], Engine]] = {
         "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"
     ),
     "spare_engine": engine_start,
+    "embed_engine": embed_engine_start,
     "second_engine": engine_start,
 }
 TOGETHER = frozenset({"engine", "guard_engine", "lora_engine"})
@@ -269,6 +280,12 @@ def _session_engine(name: str) -> Iterator[Engine]:
 def guard_engine() -> Iterator[Engine]:
     """One engine serving the tiny guard model for the whole session."""
     yield from _session_engine("guard_engine")
+
+
+@pytest.fixture(scope="session")
+def embed_engine() -> Iterator[Engine]:
+    """One engine serving the tiny model as an embedding model for the whole session."""
+    yield from _session_engine("embed_engine")
 
 
 @pytest.fixture(scope="session")

@@ -40,7 +40,7 @@ from inference.gateway.call import Call, MidStreamError, State
 from inference.gateway.errors import ApiError, overloaded
 from inference.gateway.prepare import Screen, prepare
 from inference.gateway.relay import Relay
-from inference.gateway.schema import ParsedRequest
+from inference.gateway.schema import PREFILL_ONLY, ParsedRequest
 from inference.gateway.seams import (
     InputCheck,
     OutputFilter,
@@ -97,7 +97,8 @@ class Lifecycle:
             raise ValueError("a filter or check that can stop the answer needs its stream")
         # The tenant's moderation, unless the caller brought seams of its own.
         build = None
-        if output_filter is None and input_check is None:
+        # Embeddings generate nothing to moderate, and their answer comes whole.
+        if output_filter is None and input_check is None and endpoint not in PREFILL_ONLY:
             build = await guard_for(key)
         guards: list[RequestGuard] = []  # the request's guard, once its id is known
         refused: list[str] = []
@@ -244,6 +245,10 @@ class Lifecycle:
         """The non-streamed answer (``responses.Whole``), or the ``ApiError`` to answer."""
         call = self.call
         chat = call.parsed.endpoint == "chat.completions"
+        if call.parsed.endpoint == "embeddings" and self.relay.answer is not None:
+            return responses.embeddings_answer(
+                self.relay.answer, model=call.parsed.model, prompt_tokens=call.counts.prompt
+            )
         if self.relay.answer is not None:  # the engine answered whole (``Call.whole``)
             return responses.whole_answer(
                 self.relay.answer, chat=chat, model=call.parsed.model, usage=call.usage()

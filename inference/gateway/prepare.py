@@ -32,6 +32,7 @@ from inference.gateway.catalog import catalog_view
 from inference.gateway.errors import ApiError, invalid_request, model_not_found, overloaded
 from inference.gateway.salt import cache_salt, salted_prefix
 from inference.gateway.schema import (
+    PREFILL_ONLY,
     ParsedRequest,
     check_content_parts,
     check_max_tokens,
@@ -50,7 +51,7 @@ Screen = Callable[[str, ParsedRequest], Awaitable[str | None]]
 
 
 def _resolve(
-    catalog: Catalog, name: str, key: KeyInfo, pool: str | None = None
+    catalog: Catalog, name: str, key: KeyInfo, pool: str | None = None, endpoint: str = ""
 ) -> tuple[str, Servable, Adapter | None]:
     """(pool, what the tenant calls, adapter) for the ``model`` a request names
     (``Catalog.callable`` decides what a tenant may call): for a routed name (a canary), the
@@ -60,12 +61,7 @@ def _resolve(
     found = catalog.callable(target, key.tenant_id, routed=False)
     if found is None:
         raise model_not_found(name)
-    if found.model.task != "generate":
-        raise invalid_request(
-            f"`{name}` is a classification model: it moderates text (POST /v1/moderations), "
-            "it does not write any.",
-            param="model",
-        )
+    _check_task(name, found.model.task, endpoint)
     adapter = None
     if found.adapter is not None:
         if not found.adapter.path:
@@ -96,6 +92,23 @@ def _resolve(
     return found.pool, found, adapter
 
 
+def _check_task(name: str, task: str, endpoint: str) -> None:
+    """Each endpoint takes the models of its task (a pool's engine runs one runner)."""
+    wanted = "embed" if endpoint in PREFILL_ONLY else "generate"
+    if task == wanted:
+        return
+    if task == "classify":
+        why = "is a classification model: it moderates text (POST /v1/moderations)"
+    elif task == "embed":
+        why = "is an embedding model: it embeds text (POST /v1/embeddings)"
+    else:
+        why = "writes text (POST /v1/chat/completions, /v1/completions)"
+    does = "it does not write any" if wanted == "generate" else "it makes no embeddings"
+    raise invalid_request(
+        f"`{name}` {why}; {does}. GET /v1/models lists each model's task.", param="model"
+    )
+
+
 async def prepare(
     *,
     key: KeyInfo,
@@ -121,7 +134,7 @@ async def prepare(
     parsed = parse_request(raw_body, endpoint)
     view = catalog_view()
     catalog = await view.for_tenant(key.tenant_id)
-    pool_name, found, adapter = _resolve(catalog, parsed.model, key, pool)
+    pool_name, found, adapter = _resolve(catalog, parsed.model, key, pool, endpoint)
     model = found.model
     pool_info = catalog.pools[pool_name]
     _check_fits(parsed, pool_info.max_inflight)
@@ -131,10 +144,16 @@ async def prepare(
         audio=model.accepts_audio,
         url_domains=settings.INFERPLANE_MEDIA_URL_DOMAINS,
     )
-    max_tokens = check_max_tokens(
-        parsed,
-        context_length=model.context_length,
-        tenant_cap=key.limit("max_tokens_per_request"),
+    prefill_only = endpoint in PREFILL_ONLY  # answered whole; nothing generated
+    whole = whole or prefill_only
+    max_tokens = (
+        None
+        if prefill_only
+        else check_max_tokens(
+            parsed,
+            context_length=model.context_length,
+            tenant_cap=key.limit("max_tokens_per_request"),
+        )
     )
     # The id the transport made for this request (its early answers carried it), else a new
     # one; from here on every line this task logs carries it (controlplane.logs).
@@ -149,7 +168,9 @@ async def prepare(
     body = upstream_body(
         parsed, served_name=served_name, max_tokens=max_tokens, cache_salt=salt, whole=whole
     )
-    completion_estimate = parsed.sequences * (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
+    completion_estimate = (
+        0 if prefill_only else parsed.sequences * (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
+    )
     rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=started_at.timestamp())
     grant = await limits.acquire(
         key,
@@ -229,6 +250,13 @@ async def prepare(
 def _check_fits(parsed: ParsedRequest, capacity: int) -> None:
     """A request is as many sequences as the engine will run for it (prompts x n); one that
     a replica cannot run at once would hold a whole replica, or wait forever: refused."""
+    if parsed.sequences > capacity and parsed.endpoint in PREFILL_ONLY:
+        raise invalid_request(
+            f"This request has {parsed.sequences} inputs; a replica of this model embeds at "
+            f"most {capacity} at once. Send fewer inputs per request.",
+            param="input",
+            code="request_too_large",
+        )
     if parsed.sequences > capacity:
         shape = f"{parsed.prompts} prompts x n={parsed.sequences // parsed.prompts}"
         raise invalid_request(

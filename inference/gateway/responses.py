@@ -79,6 +79,25 @@ def too_large(limit: int) -> ApiError:
 _MESSAGE_FIELDS = ("role", "content", "reasoning_content", "reasoning", "refusal")
 
 
+def embeddings_answer(answer: dict[str, Any], *, model: str, prompt_tokens: int) -> dict[str, Any]:
+    """An engine's embeddings in OpenAI's shape: the name the client asked for, and the
+    engine's own count of the prompt tokens (the tokens billed). Each vector is passed as
+    the engine wrote it (floats, or base64 when asked)."""
+    return {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "index": item.get("index", i),
+                "embedding": item.get("embedding"),
+            }
+            for i, item in enumerate(answer.get("data") or ())
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
 def whole_answer(
     answer: dict[str, Any], *, chat: bool, model: str, usage: dict[str, Any]
 ) -> dict[str, Any]:

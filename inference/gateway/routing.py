@@ -5,6 +5,7 @@ from inference.gateway import v1, websocket
 http_urlpatterns = [
     path("v1/chat/completions", v1.ChatCompletionsConsumer.as_asgi()),
     path("v1/completions", v1.CompletionsConsumer.as_asgi()),
+    path("v1/embeddings", v1.EmbeddingsConsumer.as_asgi()),
     path("v1/models", v1.ModelsConsumer.as_asgi()),
     re_path(r"^v1/models/(?P<model>.+)$", v1.ModelsConsumer.as_asgi()),
     re_path(r"^v1/", v1.NotFoundConsumer.as_asgi()),

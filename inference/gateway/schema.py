@@ -136,12 +136,34 @@ class CompletionRequest(SamplingParams):
     best_of: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
 
 
+# Inputs in one /v1/embeddings request: each is a sequence the engine embeds (prefill only),
+# so a request is also bounded by its pool's capacity (prepare._check_fits).
+MAX_EMBEDDING_INPUTS = 256
+
+
+class EmbeddingRequest(_Strict):
+    """OpenAI's embeddings request (vLLM's pooling parameters left out: the engine's own)."""
+
+    model: Annotated[str, Field(min_length=1, max_length=300)]
+    input: Any  # checked by _check_embedding_input, for an error that says what it takes
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: PosInt | None = None
+    user: Annotated[str, Field(max_length=256)] | None = None
+    truncate_prompt_tokens: PosInt | None = None
+    # Narrows the tenant's own prefix-cache partition (inference.gateway.salt), never widens it.
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+
 DROPPED = ("store", "metadata", "service_tier", "stream_options", "max_completion_tokens")
 
-ENDPOINTS: dict[str, type[SamplingParams]] = {
+ENDPOINTS: dict[str, type[_Strict]] = {
     "chat.completions": ChatCompletionRequest,
     "completions": CompletionRequest,
+    "embeddings": EmbeddingRequest,
 }
+# Endpoints whose answer is one JSON object the engine makes whole: nothing streams, nothing
+# is generated (prompt tokens only), and a model of their task alone serves them.
+PREFILL_ONLY = frozenset({"embeddings"})
 
 
 @dataclass(slots=True)
@@ -175,8 +197,8 @@ def _prompt_shape(body: dict[str, Any], endpoint: str) -> tuple[bytes, int, int]
 
     ~3 bytes a token for text; token ids count as themselves; chat adds 4 tokens of framing
     a message. The engine's own count corrects the estimate when the request ends."""
-    if endpoint == "completions":
-        prompt = body["prompt"]
+    if endpoint in ("completions", "embeddings"):
+        prompt = body["prompt" if endpoint == "completions" else "input"]
         if isinstance(prompt, str):
             encoded = prompt.encode()
             return encoded, len(encoded) // 3 + 1, 1
@@ -195,6 +217,31 @@ def _prompt_shape(body: dict[str, Any], endpoint: str) -> tuple[bytes, int, int]
             parts.extend(p.get("text") or "" for p in content if isinstance(p, dict))
     encoded = "\n".join(parts).encode()
     return encoded, len(encoded) // 3 + 4 * len(body["messages"]) + 1, 1
+
+
+def _check_embedding_input(given: Any) -> None:
+    """A string, or a list of strings, of token ids, or of lists of token ids: none empty,
+    at most MAX_EMBEDDING_INPUTS of them."""
+
+    def ids(value: Any) -> bool:
+        return (
+            isinstance(value, list)
+            and bool(value)
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+        )
+
+    if isinstance(given, str) and given:
+        return
+    if isinstance(given, list) and 0 < len(given) <= MAX_EMBEDDING_INPUTS:
+        if all(isinstance(v, str) and v for v in given) or ids(given):
+            return
+        if all(ids(v) for v in given):
+            return
+    raise invalid_request(
+        "'input' must be a non-empty string, or a list of non-empty strings, of token ids or "
+        f"of lists of token ids, with at most {MAX_EMBEDDING_INPUTS} inputs.",
+        param="input",
+    )
 
 
 def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
@@ -223,6 +270,21 @@ def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
             f"Invalid value for '{param}': {error['msg']}.", param=param
         ) from None
 
+    if endpoint in PREFILL_ONLY:
+        _check_embedding_input(body["input"])
+        encoded, prompt_estimate, prompts = _prompt_shape(body, endpoint)
+        return ParsedRequest(
+            endpoint=endpoint,
+            body=body,
+            model=body["model"],
+            stream=False,
+            include_usage=False,
+            max_tokens=None,
+            prompt_estimate=prompt_estimate,
+            prompts=prompts,
+            sequences=prompts,
+            prefix_hash=hashlib.blake2b(encoded[:512], digest_size=8).hexdigest(),
+        )
     stream = bool(body.get("stream"))
     options = body.get("stream_options") or {}
     if options and not stream:
@@ -272,14 +334,17 @@ def upstream_body(
     body = {k: v for k, v in parsed.body.items() if k not in DROPPED}
     body["model"] = served_name
     body["cache_salt"] = cache_salt
-    if whole:
+    if parsed.endpoint in PREFILL_ONLY:  # answered whole, nothing to bound
+        pass
+    elif whole:
         body["stream"] = False
     else:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    body.pop("max_tokens", None)
-    if max_tokens is not None:
-        body["max_tokens"] = max_tokens
+    if parsed.endpoint not in PREFILL_ONLY:
+        body.pop("max_tokens", None)
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
     try:
         return orjson.dumps(body)
     except orjson.JSONEncodeError:  # deeper than orjson writes (255 levels), though it read it

@@ -18,7 +18,11 @@ from inference.gateway.schema import context_error
 
 _sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
-PATHS = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
+PATHS = {
+    "chat.completions": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
 # vLLM's abort by request id (served with ``--enable-scale-out``, behind the engine's API key).
 ABORT_PATH = "/inference/v1/abort_requests"
 

@@ -271,12 +271,22 @@ class CompletionsConsumer(CompletionConsumer):
     endpoint = "completions"
 
 
+class EmbeddingsConsumer(CompletionConsumer):
+    """``POST /v1/embeddings``: the same life as a completion's (limits, fair admission on
+    its prompt tokens, a replica of the model's pool, metering, the ledger), answered whole."""
+
+    endpoint = "embeddings"
+
+
 def _model_object(found: Servable) -> dict[str, Any]:
+    """OpenAI's model object, and what the model is for (``task``: ``generate``, ``embed``
+    or ``classify``), since each endpoint takes the models of one task."""
     return {
         "id": found.name,
         "object": "model",
         "created": found.created,
         "owned_by": found.owned_by,
+        "task": found.model.task,
     }
 
 

@@ -79,11 +79,28 @@ def _streamed_completion(completion: dict[str, Any]) -> dict[str, Any]:
     return chunk
 
 
+# The second: embeddings asked for with ``encoding_format: "base64"`` (what the official SDKs
+# send unless told otherwise, and decode) come as a base64 string each, where the document
+# declares only the list of floats. Those answers are checked with exactly that relaxed.
+BASE64_EMBEDDINGS = "CreateEmbeddingResponse (base64)"
+
+
+def _base64_embeddings(response: dict[str, Any], embedding: dict[str, Any]) -> dict[str, Any]:
+    item = copy.deepcopy(embedding)
+    item["properties"]["embedding"] = {"type": "string", "contentEncoding": "base64"}
+    answer = copy.deepcopy(response)
+    answer["properties"]["data"]["items"] = item
+    return answer
+
+
 @cache
 def spec() -> dict[str, Any]:
     document: dict[str, Any] = _nullable(json.loads(SPEC_PATH.read_text()))
     schemas = document["components"]["schemas"]
     schemas[STREAMED_COMPLETION] = _streamed_completion(schemas["CreateCompletionResponse"])
+    schemas[BASE64_EMBEDDINGS] = _base64_embeddings(
+        schemas["CreateEmbeddingResponse"], schemas["Embedding"]
+    )
     return document
 
 
@@ -234,6 +251,8 @@ class _Checker:
         component = self.component
         if streamed and component == "CreateCompletionResponse":
             component = STREAMED_COMPLETION
+        if component == "CreateEmbeddingResponse" and _base64_vectors(body):
+            component = BASE64_EMBEDDINGS
         if streamed and isinstance(body, dict) and "error" in body and "choices" not in body:
             component = "ErrorResponse"  # a mid-stream failure, then [DONE]
         LOG.note(component, self.how, errors(component, body), self.where)
@@ -278,6 +297,16 @@ class _AsyncStream:
 
 def _watched(request: Any) -> bool:
     return request.url.port in LOG.ports and request.url.path.startswith(API_PREFIX + "/")
+
+
+def _base64_vectors(body: Any) -> bool:
+    data = body.get("data") if isinstance(body, dict) else None
+    return (
+        bool(data)
+        and isinstance(data, list)
+        and isinstance(data[0], dict)
+        and (isinstance(data[0].get("embedding"), str))
+    )
 
 
 def _hook(library: Any) -> None:

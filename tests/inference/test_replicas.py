@@ -532,7 +532,7 @@ def test_the_operator_page_shows_names_and_the_last_dns_error(
     client = Client()
     client.force_login(people.staff)
     page = client.get(reverse("dashboard:ops"), {"fragment": "1"}).content.decode()
-    assert "data-name class=\"nowrap\">online-1" in page
+    assert 'data-name class="nowrap">online-1' in page
     assert f"replicas: http://{SERVICE}:{dns_pool.dns_port}" in page
     assert "DNS discovery failed, replicas kept as they were" in page
 

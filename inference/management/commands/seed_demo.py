@@ -52,6 +52,13 @@ class Command(BaseCommand):
             "model tiny-guard on pool guard for moderation policies to name (make run: "
             "http://127.0.0.1:8103).",
         )
+        parser.add_argument(
+            "--embed-url",
+            default="",
+            help="An engine serving the tiny model as an embedding model (tiny-embed), "
+            "registered as model tiny-embed on pool embed for /v1/embeddings (make run: "
+            "http://127.0.0.1:8104).",
+        )
         parser.add_argument("--model-name", default="tiny-chat")
         parser.add_argument("--context-length", type=int, default=1024)
 
@@ -137,6 +144,8 @@ class Command(BaseCommand):
                     output_per_mtok=Decimal(0),
                     actor=None,
                 )
+        if options["embed_url"]:
+            self._embed_pool(options["embed_url"], options["context_length"])
         if not Price.objects.filter(model=model, tenant=None).exists():
             # A demo list price, so usage shows costs from the first request.
             price_set(
@@ -148,6 +157,41 @@ class Command(BaseCommand):
                 actor=None,
             )
         self.stdout.write(
-            "Seeded admin, tenant demo, its API key, models, pools online, batch and guard, a "
-            "price."
+            "Seeded admin, tenant demo, its API key, models, pools online, batch, guard and "
+            "embed, their prices."
         )
+
+    def _embed_pool(self, url: str, context_length: int) -> None:
+        """The tiny model as an embedding model (``/v1/embeddings``), on a pool of its own."""
+        embed = model_ensure(
+            name="tiny-embed",
+            served_name="tiny-embed",
+            context_length=context_length,
+            task=Model.Task.EMBED,
+        )
+        new = not Pool.objects.filter(name="embed").exists()
+        try:
+            made = pool_ensure(name="embed", kind="dedicated", model=embed, replica_urls=[url])
+        except ValidationError as exc:
+            raise CommandError(f"pool embed: {validation_message(exc)}") from None
+        if new:
+            # Embedding is prefill only: the engine takes a request's inputs together, up to
+            # its 64 sequences (a request of more inputs than this is refused).
+            pool_configure(pool=made, max_inflight=64)
+        # Batch lines of /v1/embeddings run on a spot pool: here the same engine, lent a
+        # quarter of its sequences (the two pools' admissions do not see each other).
+        new = not Pool.objects.filter(name="embed-batch").exists()
+        try:
+            spot = pool_ensure(name="embed-batch", kind="spot", model=embed, replica_urls=[url])
+        except ValidationError as exc:
+            raise CommandError(f"pool embed-batch: {validation_message(exc)}") from None
+        if new:
+            pool_configure(pool=spot, max_inflight=16)
+        if not Price.objects.filter(model=embed, tenant=None).exists():
+            price_set(
+                model=embed,
+                input_per_mtok=Decimal("0.02"),
+                output_per_mtok=Decimal(0),
+                batch_discount_percent=Decimal(50),
+                actor=None,
+            )

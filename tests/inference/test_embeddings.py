@@ -1,0 +1,196 @@
+"""``POST /v1/embeddings`` through the gateway, on a real embedding engine (the tiny model
+served by vLLM's pooling runner, ``--runner pooling --convert embed``, on a pool of its own):
+the OpenAI SDK's calls, the engine's own token counts in the ledger at the price book's
+price, and each endpoint refusing the models of another task."""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from billing.services import price_set
+from fleet.models import Model
+from inference.catalog import catalog_publish
+from inference.services import model_ensure, pool_configure, pool_ensure, replica_probe
+from tests import contract
+from tests.engines import ENGINE_HEADERS, Engine
+from tests.live import Stack, wait_for
+from tests.serving import World, world_rows
+
+pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
+
+CAPACITY = 8  # inputs one replica embeds at once (the pool's max in flight)
+
+
+@pytest.fixture
+def embed_world(
+    transactional_db: None, engine: Engine, embed_engine: Engine, gateway_stack: Stack
+) -> World:
+    world_rows([engine])
+    model = model_ensure(
+        name="tiny-embed", served_name="tiny-embed", context_length=1024, task=Model.Task.EMBED
+    )
+    pool = pool_ensure(name="embed", kind="dedicated", model=model, replica_urls=[embed_engine.url])
+    pool_configure(pool=pool, max_inflight=CAPACITY)
+    for replica in pool.replicas.all():
+        replica_probe(replica=replica)
+    catalog_publish()
+    time.sleep(1.1)  # the live web processes refresh their catalog copy when told
+    return World(stack=gateway_stack, engines=[engine, embed_engine])
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(
+        math.isclose(x, y, abs_tol=1e-3) for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_the_sdk_embeds_through_the_gateway_and_the_ledger_has_the_engine_s_counts(
+    embed_world: World,
+) -> None:
+    tenant, key = embed_world.tenant()
+    price_set(
+        model=Model.objects.get(name="tiny-embed"),
+        input_per_mtok=Decimal(1),  # a micro-dollar a token
+        output_per_mtok=Decimal(0),
+        actor=None,
+    )
+    time.sleep(1.1)  # the catalog carries prices: the web processes take the new one
+    client = embed_world.stack.openai(key)
+    texts = ["a cat sat on the mat", "the pool serves many tenants"]
+    floats = client.embeddings.create(model="tiny-embed", input=texts, encoding_format="float")
+    assert floats.model == "tiny-embed" and [d.index for d in floats.data] == [0, 1]
+    vectors = [d.embedding for d in floats.data]
+    assert len(vectors[0]) == len(vectors[1]) > 0 and not _close(vectors[0], vectors[1])
+    assert all(isinstance(x, float) for x in vectors[0])
+    # The SDK asks for base64 unless told otherwise, and decodes it: the same vector.
+    packed = client.embeddings.create(model="tiny-embed", input=texts[0])
+    assert _close(packed.data[0].embedding, vectors[0])
+    tokens = client.embeddings.create(model="tiny-embed", input=[[1, 2, 3, 4]])
+    assert tokens.usage.prompt_tokens == 4
+
+    # The engine's own count, straight from it, is what the gateway reports and bills.
+    direct = httpx.post(
+        f"{embed_world.engines[1].url}/v1/embeddings",
+        json={"model": "tiny-embed", "input": texts},
+        headers=ENGINE_HEADERS,
+        timeout=60,
+    ).json()
+    assert floats.usage.prompt_tokens == direct["usage"]["prompt_tokens"]
+    assert floats.usage.total_tokens == floats.usage.prompt_tokens
+    records = wait_for(lambda: len(embed_world.records(tenant=tenant)) == 3, timeout=30)
+    assert records
+    records = embed_world.records(tenant=tenant)
+    assert {(r.endpoint, r.model, r.pool, r.status) for r in records} == {
+        ("embeddings", "tiny-embed", "embed", "ok")
+    }
+    assert sorted(r.prompt_tokens for r in records) == sorted(
+        [floats.usage.prompt_tokens, packed.usage.prompt_tokens, 4]
+    )
+    assert {r.completion_tokens for r in records} == {0}
+    assert [r.cost_micros for r in records] == [r.prompt_tokens for r in records]
+
+
+def test_each_endpoint_takes_only_the_models_of_its_task(embed_world: World) -> None:
+    _, key = embed_world.tenant()
+    client = embed_world.stack.openai(key)
+    listed = {m.id: m.model_dump().get("task") for m in client.models.list()}
+    assert listed == {"tiny-chat": "generate", "tiny-embed": "embed"}
+    with pytest.raises(openai.BadRequestError) as chat_on_embed:
+        client.chat.completions.create(
+            model="tiny-embed", messages=[{"role": "user", "content": "hi"}], max_tokens=1
+        )
+    assert "is an embedding model" in chat_on_embed.value.message
+    with pytest.raises(openai.BadRequestError) as embed_on_chat:
+        client.embeddings.create(model="tiny-chat", input="hi", encoding_format="float")
+    assert "it makes no embeddings" in embed_on_chat.value.message
+    assert embed_on_chat.value.body["param"] == "model"  # type: ignore[index]
+    # More inputs than a replica embeds at once: refused, naming the limit.
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.embeddings.create(model="tiny-embed", input=["x"] * (CAPACITY + 1))
+    assert too_many.value.body["param"] == "input"  # type: ignore[index]
+    assert f"at most {CAPACITY}" in too_many.value.message
+    refused: list[dict[str, object]] = [
+        {"input": ""},
+        {"input": []},
+        {"input": "hi", "encoding_format": "hex"},
+    ]
+    for bad in refused:
+        response = httpx.post(
+            f"{embed_world.stack.url}/v1/embeddings",
+            json={"model": "tiny-embed", **bad},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert response.status_code == 400, bad
+        assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_batch_of_embedding_lines_runs_on_a_spot_pool(embed_world: World) -> None:
+    """OpenAI's Batch API takes ``/v1/embeddings`` lines: each answered whole, in the output
+    file as OpenAI writes it, billed in batch mode with the engine's counts."""
+    tenant, key = embed_world.tenant()
+    spot = pool_ensure(
+        name="embed-spot",
+        kind="spot",
+        model=Model.objects.get(name="tiny-embed"),
+        replica_urls=[embed_world.engines[1].url],
+    )
+    for replica in spot.replicas.all():
+        replica_probe(replica=replica)
+    catalog_publish()
+    time.sleep(1.1)
+    client = openai.OpenAI(api_key=key, base_url=embed_world.stack.url + "/v1", max_retries=0)
+    lines = [
+        {
+            "custom_id": f"e{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {
+                "model": "tiny-embed",
+                "input": f"document number {i}",
+                "encoding_format": "float",
+            },
+        }
+        for i in range(3)
+    ]
+    jsonl = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+    upload = client.files.create(file=("in.jsonl", io.BytesIO(jsonl)), purpose="batch")
+    made = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    seen: list[Any] = []
+
+    def finished() -> bool:
+        seen.append(client.batches.retrieve(made.id))
+        return seen[-1].status in {"completed", "failed", "cancelled", "expired"}
+
+    wait_for(finished, timeout=120, every=0.5)
+    batch = seen[-1]
+    assert batch.status == "completed", batch
+    assert batch.request_counts is not None and batch.request_counts.completed == 3
+    assert batch.output_file_id is not None
+    output = [
+        orjson.loads(x) for x in client.files.content(batch.output_file_id).content.splitlines()
+    ]
+    assert sorted(o["custom_id"] for o in output) == ["e0", "e1", "e2"]
+    for item in output:
+        body = item["response"]["body"]
+        assert item["response"]["status_code"] == 200 and body["object"] == "list"
+        contract.validate("CreateEmbeddingResponse", body)
+        assert len(body["data"][0]["embedding"]) > 0
+    records = embed_world.records(tenant=tenant)
+    assert {(r.endpoint, r.mode, r.pool) for r in records} == {
+        ("embeddings", "batch", "embed-spot")
+    }
+    assert sorted(r.prompt_tokens for r in records) == sorted(
+        o["response"]["body"]["usage"]["prompt_tokens"] for o in output
+    )
