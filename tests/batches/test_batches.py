@@ -409,7 +409,7 @@ def test_parameter_errors_are_a_400_and_other_tenants_objects_a_404(spot: World)
     with pytest.raises(openai.BadRequestError):
         client.batches.create(
             input_file_id=file_id,
-            endpoint="/v1/embeddings",
+            endpoint="/v1/moderations",  # not a batch endpoint here
             completion_window="24h",
         )
     with pytest.raises(openai.BadRequestError):

@@ -347,7 +347,7 @@ def test_wrong_method_is_405_and_unknown_url_404(world: World) -> None:
     assert _error(response)["code"] == "method_not_allowed"
     response = _raw(world, "POST", "/v1/models", key)
     assert response.status_code == 405
-    response = _raw(world, "POST", "/v1/embeddings", key, json={})
+    response = _raw(world, "POST", "/v1/audio/speech", key, json={})
     assert response.status_code == 404 and _error(response)["code"] == "unknown_url"
 
 
