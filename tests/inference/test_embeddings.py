@@ -147,7 +147,7 @@ def test_a_batch_of_embedding_lines_runs_on_a_spot_pool(embed_world: World) -> N
     for replica in spot.replicas.all():
         replica_probe(replica=replica)
     catalog_publish()
-    time.sleep(1.1)
+    time.sleep(1.1)  # as world_rows: the web processes and the worker take the new pool
     client = openai.OpenAI(api_key=key, base_url=embed_world.stack.url + "/v1", max_retries=0)
     lines = [
         {
