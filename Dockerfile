@@ -36,6 +36,7 @@ COPY contract ./contract
 COPY controlplane ./controlplane
 COPY tenants ./tenants
 COPY fleet ./fleet
+COPY conversations ./conversations
 COPY adapters ./adapters
 COPY inference ./inference
 COPY batches ./batches
@@ -71,6 +72,7 @@ COPY contract ./contract
 COPY controlplane ./controlplane
 COPY tenants ./tenants
 COPY fleet ./fleet
+COPY conversations ./conversations
 COPY adapters ./adapters
 COPY inference ./inference
 COPY batches ./batches
@@ -85,7 +87,7 @@ COPY scripts/web.sh scripts/uvicorn-json-logging.json ./scripts/
 # throwaway build-time placeholders, set for this one command only and absent from the image.
 RUN SECRET_KEY=collectstatic-build-only ALLOWED_HOSTS=localhost \
         python manage.py collectstatic --noinput \
-    && python -m compileall -q contract controlplane tenants fleet adapters inference batches billing moderation \
+    && python -m compileall -q contract controlplane tenants conversations fleet adapters inference batches billing moderation \
     && mkdir -p /app/var/media \
     && chown inferplane:inferplane /app/var /app/var/media
 

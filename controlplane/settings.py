@@ -85,6 +85,7 @@ INSTALLED_APPS = [
     "tenants",
     "adapters",
     "fleet",
+    "conversations",
     "inference",
     "batches",
     "billing",
@@ -229,6 +230,12 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # The safety net: stale markers live in Redis, which keeps nothing on disk.
     "refresh-recent-daily-usage": {
         "task": "billing.tasks.daily_usage_refresh_recent_task",
+        "schedule": 3600.0,
+        "options": {"expires": 1800},
+    },
+    # Stored responses (the Responses API's) past their retention.
+    "purge-stored-responses": {
+        "task": "conversations.tasks.stored_responses_purge_task",
         "schedule": 3600.0,
         "options": {"expires": 1800},
     },
@@ -492,6 +499,9 @@ INFERPLANE_MEDIA_URL_DOMAINS = frozenset(
 # they require none (the local engines of `make run`).
 INFERPLANE_ENGINE_API_KEY = env_str("INFERPLANE_ENGINE_API_KEY", "")
 # A non-streamed answer is assembled in memory: past this size it is refused (stream it).
+# How long the Responses API keeps a stored response (``store``, the default): OpenAI's 30
+# days. ``previous_response_id`` can continue from it until then; GET and DELETE reach it.
+INFERPLANE_RESPONSES_RETENTION_DAYS = env_int("INFERPLANE_RESPONSES_RETENTION_DAYS", 30, minimum=1)
 INFERPLANE_MAX_RESPONSE_BYTES = env_int(
     "INFERPLANE_MAX_RESPONSE_BYTES", 16 * 1024 * 1024, minimum=64 * 1024
 )

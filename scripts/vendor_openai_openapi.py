@@ -34,6 +34,9 @@ OPERATIONS = {
     "/batches/{batch_id}/cancel": ["post"],
     "/moderations": ["post"],
     "/embeddings": ["post"],
+    "/responses": ["post"],
+    "/responses/{response_id}": ["get", "delete"],
+    "/responses/{response_id}/input_items": ["get"],
 }
 # Not reached from any operation's declared response, but every error body has this shape.
 EXTRA = ["ErrorResponse"]

@@ -87,12 +87,15 @@ class Lifecycle:
         ledger: Callable[[UsageRecord], None] | None = None,
         whole: bool = False,
         rid: str = "",
+        surface: str = "",
     ) -> Lifecycle:
         """``pool``: the pool to run on (by name) instead of the model's online pool;
         ``mode`` and ``ledger``: how the call is billed and where its record goes;
         ``whole``: the engine answers non-streamed (``Call``; then ``whole()`` is the only
         way to read the answer, and no output filter applies); ``rid``: the request id the
-        transport gave the request already (``controlplane.logs``), else a new one."""
+        transport gave the request already (``controlplane.logs``), else a new one;
+        ``surface``: the public endpoint when it is not ``endpoint`` (``/v1/responses`` runs
+        as a chat completion), for the ledger and the metrics."""
         if whole and (output_filter is not None or input_check is not None):
             raise ValueError("a filter or check that can stop the answer needs its stream")
         # The tenant's moderation, unless the caller brought seams of its own.
@@ -129,6 +132,7 @@ class Lifecycle:
             whole=whole and build is None,
             rid=rid,
             screen=screen,
+            surface=surface,
         )
         life = cls(call, output_filter=output_filter, input_check=input_check, tokens=tokens)
         if not guards:

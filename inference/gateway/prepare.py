@@ -120,10 +120,12 @@ async def prepare(
     whole: bool = False,
     rid: str = "",
     screen: Screen | None = None,
+    surface: str = "",
 ) -> Call:
     """Everything before the engine, for a request whose key was authenticated; on the
     model's online pool, or on ``pool`` (by name) when given. ``mode``, ``ledger`` and
-    ``whole``: see ``Call``; ``rid``: the request's id, if the transport made it already.
+    ``whole``: see ``Call``; ``rid``: the request's id, if the transport made it already;
+    ``surface``: the public endpoint, when the request runs as another (``ParsedRequest``).
 
     ``screen`` runs once the limits are taken (a refused request still counts toward the
     key's request rate) and before admission: what it refuses never waits for a replica.
@@ -132,6 +134,7 @@ async def prepare(
     t0 = time.perf_counter()
     started_at = datetime.now(UTC)
     parsed = parse_request(raw_body, endpoint)
+    parsed.surface = surface
     view = catalog_view()
     catalog = await view.for_tenant(key.tenant_id)
     pool_name, found, adapter = _resolve(catalog, parsed.model, key, pool, endpoint)

@@ -40,15 +40,15 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: StrictBool | None = None
 
 
-class SamplingParams(_Strict):
+class SamplingParams(Strict):
     """Fields shared by chat and completions, OpenAI's and vLLM's (the allowlist)."""
 
     model: Annotated[str, Field(min_length=1, max_length=300)]
@@ -141,7 +141,7 @@ class CompletionRequest(SamplingParams):
 MAX_EMBEDDING_INPUTS = 256
 
 
-class EmbeddingRequest(_Strict):
+class EmbeddingRequest(Strict):
     """OpenAI's embeddings request (vLLM's pooling parameters left out: the engine's own)."""
 
     model: Annotated[str, Field(min_length=1, max_length=300)]
@@ -156,7 +156,7 @@ class EmbeddingRequest(_Strict):
 
 DROPPED = ("store", "metadata", "service_tier", "stream_options", "max_completion_tokens")
 
-ENDPOINTS: dict[str, type[_Strict]] = {
+ENDPOINTS: dict[str, type[Strict]] = {
     "chat.completions": ChatCompletionRequest,
     "completions": CompletionRequest,
     "embeddings": EmbeddingRequest,
@@ -178,6 +178,20 @@ class ParsedRequest:
     prompts: int  # prompts in the request (completions may send a list)
     sequences: int  # what the engine runs at once: prompts x n
     prefix_hash: str  # for prefix-affine routing
+    # The public endpoint the request came by, when it is not ``endpoint`` (a Responses API
+    # request runs as a chat completion): the ledger's and the metrics' label.
+    surface: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.surface or self.endpoint
+
+
+# pydantic's names for the branches of a union, which are not part of a field's path.
+UNION_LABELS = frozenset(
+    {"str", "list[str]", "list[int]", "list[list[int]]", "list[any]", "dict[str,any]"}
+    | {"literal['disabled']"}
+)
 
 
 def _param(loc: tuple[int | str, ...]) -> str:
@@ -185,7 +199,7 @@ def _param(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("str", "list[str]", "list[int]", "list[list[int]]", "dict[str,any]"):
+        elif part in UNION_LABELS:
             continue  # pydantic's union-branch labels
         else:
             out += f".{part}" if out else str(part)
@@ -230,10 +244,10 @@ def _check_embedding_input(given: Any) -> None:
             and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
         )
 
-    if isinstance(given, str) and given:
+    if (isinstance(given, str) and given) or ids(given):  # one input, however long
         return
     if isinstance(given, list) and 0 < len(given) <= MAX_EMBEDDING_INPUTS:
-        if all(isinstance(v, str) and v for v in given) or ids(given):
+        if all(isinstance(v, str) and v for v in given):
             return
         if all(ids(v) for v in given):
             return
@@ -244,7 +258,8 @@ def _check_embedding_input(given: Any) -> None:
     )
 
 
-def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request's body as a JSON object, or the 400 that says it is not one."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -254,7 +269,12 @@ def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
         ) from None
     if not isinstance(body, dict):
         raise invalid_request("The request body must be a JSON object.")
-    schema = ENDPOINTS[endpoint]
+    return body
+
+
+def validate(body: dict[str, Any], schema: type[BaseModel]) -> None:
+    """``body`` against ``schema``, or the 400 naming the first field that does not fit,
+    in OpenAI's words."""
     try:
         schema.model_validate(body)
     except ValidationError as exc:
@@ -269,6 +289,11 @@ def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
         raise invalid_request(
             f"Invalid value for '{param}': {error['msg']}.", param=param
         ) from None
+
+
+def parse_request(raw: bytes, endpoint: str) -> ParsedRequest:
+    body = json_object(raw)
+    validate(body, ENDPOINTS[endpoint])
 
     if endpoint in PREFILL_ONLY:
         _check_embedding_input(body["input"])

@@ -20,11 +20,11 @@ from tests.serving import World
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Count the tokens"}]
 
 
-def _reconcile(since: str) -> tuple[int, list[dict[str, str]]]:
+def _reconcile(since: str, pool: str = "online") -> tuple[int, list[dict[str, str]]]:
     out = io.StringIO()
     code = 0
     try:
-        call_command("reconcile_usage", "--pool", "online", "--since", since, stdout=out)
+        call_command("reconcile_usage", "--pool", pool, "--since", since, stdout=out)
     except SystemExit as exc:
         code = int(exc.code or 0)
     header, *rows = out.getvalue().strip().splitlines()
@@ -71,6 +71,37 @@ def test_reconciliation_catches_a_dropped_record(world: World) -> None:
     assert code == 1
     assert int(rows[0]["prompt_diff"]) == -dropped.prompt_tokens
     assert int(rows[0]["generation_diff"]) == gap - dropped.completion_tokens
+
+
+def test_responses_reconcile_exactly_with_the_engine(world: World) -> None:
+    """A /v1/responses request is billed the engine's own counts: a whole one, and a streamed
+    one that continues it (the whole conversation read again, every token of it billed)."""
+    engine = world.engines[0]
+    settled_counters(engine)
+    start = replica_counters_snapshot(replica=Replica.objects.get(url=engine.url))
+    tenant, key = world.tenant()
+    client = world.stack.openai(key)
+    first = client.responses.create(
+        model="tiny-chat", input="Count the tokens", max_output_tokens=5
+    )
+    with client.responses.create(
+        model="tiny-chat",
+        input="And again",
+        previous_response_id=first.id,
+        max_output_tokens=7,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    ) as stream:
+        for _ in stream:
+            pass
+    wait_for(lambda: UsageRecord.objects.filter(tenant=tenant).count() == 2, timeout=30)
+    settled_counters(engine)
+    since = (start.taken_at + timedelta(milliseconds=1)).isoformat()
+    code, rows = _reconcile(since)
+    row = rows[0]
+    assert (row["prompt_diff"], row["generation_diff"], row["records"]) == ("0", "0", "2"), rows
+    assert code == 0 and row["exact"] == "yes"
+    assert {r.endpoint for r in UsageRecord.objects.filter(tenant=tenant)} == {"responses"}
 
 
 @pytest.mark.django_db(transaction=True)

@@ -93,6 +93,25 @@ def _base64_embeddings(response: dict[str, Any], embedding: dict[str, Any]) -> d
     return answer
 
 
+# The third: deleting a response, whose 200 the document declares without a body. Its body
+# is written from the document's own example of it (``x-oaiMeta``), every field required.
+DELETED_RESPONSE = "Response deleted (the document's example)"
+BY_EXAMPLE = {"deleteResponse": DELETED_RESPONSE}
+
+
+def _deleted_response() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "response"},
+            "deleted": {"const": True},
+        },
+        "required": ["id", "object", "deleted"],
+        "additionalProperties": False,
+    }
+
+
 @cache
 def spec() -> dict[str, Any]:
     document: dict[str, Any] = _nullable(json.loads(SPEC_PATH.read_text()))
@@ -101,6 +120,7 @@ def spec() -> dict[str, Any]:
     schemas[BASE64_EMBEDDINGS] = _base64_embeddings(
         schemas["CreateEmbeddingResponse"], schemas["Embedding"]
     )
+    schemas[DELETED_RESPONSE] = _deleted_response()
     return document
 
 
@@ -165,6 +185,8 @@ def expected(method: str, path: str, status: int, content_type: str) -> tuple[st
         if verb == method.lower() and pattern.match(path):
             declared = operation["responses"].get(str(status)) or {}
             content = declared.get("content") or {}
+            if declared and not content and operation.get("operationId") in BY_EXAMPLE:
+                return BY_EXAMPLE[operation["operationId"]], "json"
             if "text/event-stream" in content_type:
                 schema = content.get("text/event-stream") or content.get("application/json") or {}
                 return _component(schema.get("schema")), "sse"

@@ -15,7 +15,14 @@ def _parse(**body: object) -> object:
 
 @pytest.mark.parametrize(
     ("given", "inputs"),
-    [("a cat", 1), (["a cat", "a dog"], 2), ([1, 2, 3], 1), ([[1, 2], [3]], 2)],
+    [
+        ("a cat", 1),
+        (["a cat", "a dog"], 2),
+        ([1, 2, 3], 1),
+        ([[1, 2], [3]], 2),
+        # One input of token ids longer than the cap on inputs is still one input.
+        (list(range(MAX_EMBEDDING_INPUTS + 50)), 1),
+    ],
 )
 def test_each_input_shape_is_a_sequence_of_prompt_tokens_only(given: object, inputs: int) -> None:
     parsed = parse_request(orjson.dumps({"model": "tiny-embed", "input": given}), "embeddings")
@@ -35,6 +42,8 @@ def test_each_input_shape_is_a_sequence_of_prompt_tokens_only(given: object, inp
         ({"input": ""}, "input"),
         ({"input": []}, "input"),
         ({"input": ["x"] * (MAX_EMBEDDING_INPUTS + 1)}, "input"),
+        ({"input": [[1]] * (MAX_EMBEDDING_INPUTS + 1)}, "input"),
+        ({"input": [1, -2]}, "input"),
         ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
         ({"input": "x", "dimensions": 0}, "dimensions"),
         ({"input": "x", "stream": True}, "stream"),  # not an embeddings field

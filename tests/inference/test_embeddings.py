@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import math
 import time
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -15,14 +16,16 @@ import httpx
 import openai
 import orjson
 import pytest
+from django.core.management import call_command
 
+from billing.reconcile import replica_counters_snapshot
 from billing.services import price_set
-from fleet.models import Model
+from fleet.models import Model, Replica
 from inference.catalog import catalog_publish
 from inference.services import model_ensure, pool_configure, pool_ensure, replica_probe
 from tests import contract
 from tests.engines import ENGINE_HEADERS, Engine
-from tests.live import Stack, wait_for
+from tests.live import Stack, settled_counters, wait_for
 from tests.serving import World, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
@@ -194,3 +197,25 @@ def test_a_batch_of_embedding_lines_runs_on_a_spot_pool(embed_world: World) -> N
     assert sorted(r.prompt_tokens for r in records) == sorted(
         o["response"]["body"]["usage"]["prompt_tokens"] for o in output
     )
+
+
+def test_embeddings_reconcile_exactly_with_the_engine(embed_world: World) -> None:
+    """Every prompt token the embedding engine counted is in the ledger, and no more: the
+    reconciliation of the embed pool is exact."""
+    engine = embed_world.engines[1]
+    settled_counters(engine)
+    start = replica_counters_snapshot(replica=Replica.objects.get(url=engine.url))
+    tenant, key = embed_world.tenant()
+    client = embed_world.stack.openai(key)
+    client.embeddings.create(model="tiny-embed", input="one input", encoding_format="float")
+    client.embeddings.create(model="tiny-embed", input=["two", "inputs here"])
+    client.embeddings.create(model="tiny-embed", input=list(range(1, 300)))  # one long input
+    wait_for(lambda: len(embed_world.records(tenant=tenant)) == 3, timeout=30)
+    settled_counters(engine)
+    out = io.StringIO()
+    since = (start.taken_at + timedelta(milliseconds=1)).isoformat()
+    call_command("reconcile_usage", "--pool", "embed", "--since", since, stdout=out)
+    header, row = out.getvalue().strip().splitlines()
+    reconciled = dict(zip(header.split(","), row.split(","), strict=True))
+    assert (reconciled["prompt_diff"], reconciled["records"]) == ("0", "3"), reconciled
+    assert reconciled["exact"] == "yes"

@@ -1,0 +1,753 @@
+"""The Responses API (``/v1/responses``) in the words of chat completions.
+
+A request's input items become the chat messages the engine reads, after the stored
+conversation its ``previous_response_id`` names (the platform keeps it: ``conversations``;
+the engines keep nothing). The engine's chat answer — whole, or chunk by chunk — becomes the
+response object and the typed events of its stream. A Responses request is thus a chat
+completion for everything between (limits, fair admission, routing, moderation, metering):
+one path, on every generate engine, whatever its own Responses support.
+
+What a chat completion cannot carry is refused with a clear error, never dropped in silence:
+OpenAI's hosted tools (web search, file search, code interpreter, …) run on OpenAI's servers,
+not on a tenant's engines; background mode, stored prompts, conversations objects and
+truncation ``auto`` are not offered.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StrictBool, StrictInt
+
+from inference.gateway.errors import ApiError, invalid_request
+from inference.gateway.schema import PosInt, Strict, json_object, validate
+
+# Fields of OpenAI's request that no chat completion can honour: each refused by name.
+UNSUPPORTED = {
+    "background": "Background responses are not supported: stream the response instead.",
+    "conversation": "Conversation objects are not supported: chain responses with "
+    "previous_response_id.",
+    "prompt": "Stored prompt templates are not supported: send the input itself.",
+    "max_tool_calls": "max_tool_calls is not supported: no hosted tools run here.",
+    "top_logprobs": "top_logprobs is not supported on /v1/responses: use /v1/chat/completions.",
+    "context_management": "context_management is not supported.",
+}
+HOSTED_TOOL = (
+    "The hosted tool '{kind}' is not supported: Inferplane runs your models on your own "
+    "engines, not OpenAI's tools. Give the model function tools and run them yourself."
+)
+MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+
+
+class ResponseRequest(Strict):
+    """OpenAI's create-response request, as far as a chat completion can serve it, plus the
+    vLLM sampling extras the other endpoints take (for outputs of a known length)."""
+
+    model: Annotated[str, Field(min_length=1, max_length=300)]
+    input: str | Annotated[list[Any], Field(min_length=1, max_length=4096)]
+    instructions: str | None = None
+    previous_response_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    store: StrictBool | None = None
+    stream: StrictBool | None = None
+    stream_options: dict[str, StrictBool] | None = None  # include_obfuscation: nothing to hide
+    max_output_tokens: PosInt | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    tools: Annotated[list[dict[str, Any]], Field(max_length=128)] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    metadata: (
+        Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None
+    ) = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    user: Annotated[str, Field(max_length=256)] | None = None
+    safety_identifier: Annotated[str, Field(max_length=256)] | None = None
+    # Accepted: each tenant's prefix cache is its own already (inference.gateway.salt).
+    prompt_cache_key: Annotated[str, Field(max_length=256)] | None = None
+    service_tier: str | None = None
+    truncation: Literal["disabled"] | None = None
+    include: Annotated[list[str], Field(max_length=0)] | None = None
+    # vLLM's sampling extras, as on the other endpoints.
+    seed: StrictInt | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    ignore_eos: StrictBool | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
+    # Narrows the tenant's own prefix-cache partition (inference.gateway.salt), never widens it.
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+
+PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "top_k", "min_p")
+PASSED_EXTRA = ("min_tokens", "ignore_eos", "repetition_penalty", "cache_salt")
+
+
+def new_id(prefix: str) -> str:
+    """An id nobody can guess (192 random bits), as OpenAI's look: ``resp_…``, ``msg_…``."""
+    return f"{prefix}_{secrets.token_hex(24)}"
+
+
+def read_request(raw: bytes) -> dict[str, Any]:
+    """The client's body, validated; an ``ApiError`` naming the field otherwise."""
+    body = json_object(raw)
+    for name, why in UNSUPPORTED.items():
+        if body.get(name) not in (None, False):
+            raise invalid_request(why, param=name, code="unsupported_parameter")
+    if body.get("truncation") == "auto":
+        raise invalid_request(
+            "truncation 'auto' is not supported: an input longer than the model's context "
+            "is refused (truncation 'disabled').",
+            param="truncation",
+            code="unsupported_parameter",
+        )
+    if body.get("include"):
+        raise invalid_request(
+            "include is not supported: the response carries all it has.",
+            param="include",
+            code="unsupported_parameter",
+        )
+    validate(body, ResponseRequest)
+    return body
+
+
+@dataclass(slots=True)
+class Translated:
+    """A Responses request as the engine is sent it, and what is kept of it."""
+
+    chat: dict[str, Any]  # the chat completions request
+    input_items: list[dict[str, Any]]  # the request's input, each item with an id
+    conversation: list[dict[str, Any]]  # the chat messages before the answer, no instructions
+
+
+def _text_of(value: Any, where: str) -> str:
+    """A function call's output, or a part list of text, as one string."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = [p.get("text") for p in value if isinstance(p, dict)]
+        if texts and all(isinstance(t, str) for t in texts):
+            return "".join(t for t in texts if t)
+    raise invalid_request(f"'{where}' must be a string or a list of text parts.", param=where)
+
+
+def _content(
+    content: Any, role: str, where: str
+) -> tuple[list[dict[str, Any]], str | list[dict[str, Any]]]:
+    """(the item's parts as stored, the chat message's content) of one message's content."""
+    output = role == "assistant"
+    text_kind = "output_text" if output else "input_text"
+    if isinstance(content, str):
+        content = [{"type": text_kind, "text": content}]
+    if not isinstance(content, list) or not content:
+        raise invalid_request(
+            f"'{where}.content' must be a string or a non-empty list of content parts.",
+            param=f"{where}.content",
+        )
+    parts: list[dict[str, Any]] = []
+    chat: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text", "refusal"):
+            text = part.get("text", part.get("refusal"))
+            if not isinstance(text, str):
+                raise invalid_request(f"'{at}.text' must be a string.", param=f"{at}.text")
+            if output:
+                parts.append(
+                    {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+                )
+            else:
+                parts.append({"type": "input_text", "text": text})
+            chat.append({"type": "text", "text": text})
+        elif kind == "input_image" and not output:
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url:
+                raise invalid_request(
+                    "Images must be given by image_url (a data: URL or an allowed https URL); "
+                    "file_id is not supported.",
+                    param=f"{at}.image_url",
+                    code="unsupported_content",
+                )
+            parts.append(
+                {"type": "input_image", "image_url": url, "detail": part.get("detail") or "auto"}
+            )
+            chat.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            raise invalid_request(
+                f"Content parts of type {kind!r} are not supported here: send text"
+                f"{'' if output else ' or input_image'}.",
+                param=f"{at}.type",
+                code="unsupported_content",
+            )
+    if all(p["type"] == "text" for p in chat):
+        return parts, "".join(p["text"] for p in chat)
+    return parts, chat
+
+
+def _items(given: str | list[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the input items as stored, each with an id; the chat messages they make)."""
+    if isinstance(given, str):
+        given = [{"type": "message", "role": "user", "content": given}]
+    items: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(given):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise invalid_request(f"'{where}' must be an object (an input item).", param=where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in MESSAGE_ROLES:
+                raise invalid_request(
+                    f"'{where}.role' must be one of {', '.join(MESSAGE_ROLES)}.",
+                    param=f"{where}.role",
+                )
+            parts, content = _content(item.get("content"), role, where)
+            items.append(
+                {
+                    "id": new_id("msg"),
+                    "type": "message",
+                    "role": role,
+                    "status": "completed",
+                    "content": parts,
+                }
+            )
+            messages.append({"role": role, "content": content})
+        elif kind == "function_call":
+            call_id, name, arguments = (item.get(k) for k in ("call_id", "name", "arguments"))
+            if not all(isinstance(v, str) and v for v in (call_id, name)) or not isinstance(
+                arguments, str
+            ):
+                raise invalid_request(
+                    f"'{where}' (a function_call) needs call_id, name and arguments as strings.",
+                    param=where,
+                )
+            items.append(
+                {
+                    "id": new_id("fc"),
+                    "type": "function_call",
+                    "call_id": call_id,
+                    "name": name,
+                    "arguments": arguments,
+                    "status": "completed",
+                }
+            )
+            tool_call = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(tool_call)  # the calls of one turn, together
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [tool_call]})
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise invalid_request(
+                    f"'{where}.call_id' must name the function call it answers.",
+                    param=f"{where}.call_id",
+                )
+            output = _text_of(item.get("output"), f"{where}.output")
+            items.append(
+                {
+                    "id": new_id("fco"),
+                    "type": "function_call_output",
+                    "call_id": call_id,
+                    "output": output,
+                    "status": "completed",
+                }
+            )
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        elif kind == "reasoning":
+            # The model's earlier reasoning is not read again (as chat templates do).
+            items.append({**item, "id": item.get("id") or new_id("rs")})
+        else:
+            raise invalid_request(
+                f"Input items of type {kind!r} are not supported: send messages, "
+                "function_call and function_call_output items (item_reference: use "
+                "previous_response_id).",
+                param=f"{where}.type",
+                code="unsupported_content",
+            )
+    return items, messages
+
+
+def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    tools = body.get("tools")
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type")
+        if kind != "function":
+            raise invalid_request(
+                HOSTED_TOOL.format(kind=kind), param=f"tools[{i}].type", code="unsupported_tool"
+            )
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid_request(f"'tools[{i}].name' is required.", param=f"tools[{i}].name")
+        function = {"name": name, "parameters": tool.get("parameters") or {"type": "object"}}
+        if tool.get("description") is not None:
+            function["description"] = tool["description"]
+        if tool.get("strict") is not None:
+            function["strict"] = tool["strict"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name"):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    kind = choice.get("type") if isinstance(choice, dict) else choice
+    raise invalid_request(
+        HOSTED_TOOL.format(kind=kind)
+        if isinstance(choice, dict)
+        else "tool_choice must be auto, none, required or a function.",
+        param="tool_choice",
+        code="unsupported_tool" if isinstance(choice, dict) else None,
+    )
+
+
+def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    fmt = (text or {}).get("format") or {"type": "text"}
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise invalid_request(
+        "text.format.type must be text, json_object or json_schema.", param="text.format.type"
+    )
+
+
+def translate(body: dict[str, Any], history: list[dict[str, Any]]) -> Translated:
+    """The chat request for ``body`` after ``history`` (the stored conversation its
+    ``previous_response_id`` names), and what is kept of it."""
+    items, messages = _items(body["input"])
+    conversation = [*history, *messages]
+    chat: dict[str, Any] = {"model": body["model"]}
+    instructions = body.get("instructions")
+    chat["messages"] = (
+        [{"role": "system", "content": instructions}, *conversation]
+        if instructions
+        else conversation
+    )
+    if body.get("stream"):
+        chat["stream"] = True
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    for name in (*PASSED, *PASSED_EXTRA):
+        if body.get(name) is not None:
+            chat[name] = body[name]
+    tools = _tools(body)
+    if tools is not None:
+        chat["tools"] = tools
+    choice = _tool_choice(body.get("tool_choice"))
+    if choice is not None:
+        chat["tool_choice"] = choice
+    response_format = _response_format(body.get("text"))
+    if response_format is not None:
+        chat["response_format"] = response_format
+    effort = (body.get("reasoning") or {}).get("effort")
+    if effort is not None:
+        chat["reasoning_effort"] = effort
+    return Translated(chat=chat, input_items=items, conversation=conversation)
+
+
+def renamed(error: ApiError) -> ApiError:
+    """A chat completion's error in the Responses API's words (its parameters' names)."""
+    names = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens"}
+    if error.param in names:
+        error.param = names[error.param]
+    elif error.param is not None and error.param.startswith("messages"):
+        error.param = "input"
+    return error
+
+
+def skeleton(body: dict[str, Any], *, response_id: str, created_at: int) -> dict[str, Any]:
+    """The response object before its output: what the request asked for, as OpenAI echoes
+    it back, ``in_progress``."""
+    fmt = (body.get("text") or {}).get("format") or {"type": "text"}
+    reasoning = body.get("reasoning") or {}
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": "in_progress",
+        "completed_at": None,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": body["model"],
+        "output": [],
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "previous_response_id": body.get("previous_response_id"),
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+        "store": body.get("store", True),
+        "temperature": body.get("temperature", 1.0),
+        "text": {"format": fmt},
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": [_tool_echo(tool) for tool in body.get("tools") or ()],
+        "top_p": body.get("top_p", 1.0),
+        "truncation": "disabled",
+        "metadata": body.get("metadata") or {},
+        "service_tier": "default",
+        **({"user": body["user"]} if body.get("user") is not None else {}),
+    }
+
+
+def _tool_echo(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as the response names it back (OpenAI's fields, each present)."""
+    return {
+        "type": "function",
+        "name": tool["name"],
+        "description": tool.get("description"),
+        "parameters": tool.get("parameters"),
+        "strict": bool(tool.get("strict")),
+    }
+
+
+def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion's usage in the Responses API's words (the same engine counts)."""
+    prompt = int(chat_usage.get("prompt_tokens") or 0)
+    completion = int(chat_usage.get("completion_tokens") or 0)
+    cached = int((chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return {
+        "input_tokens": prompt,
+        # Cache writes are not billed apart (nothing to report): the prefix cache is the
+        # engine's own.
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+# How a chat completion's finish_reason ends a response: (status, incomplete_details).
+ENDINGS: dict[str | None, tuple[str, dict[str, str] | None]] = {
+    "length": ("incomplete", {"reason": "max_output_tokens"}),
+    "content_filter": ("incomplete", {"reason": "content_filter"}),
+}
+
+
+def finished(
+    response: dict[str, Any],
+    *,
+    output: list[dict[str, Any]],
+    finish_reason: str | None,
+    chat_usage: dict[str, Any],
+    error: str | None = None,
+) -> dict[str, Any]:
+    """The response object, ended: its output, status and usage."""
+    if error is not None:
+        status, incomplete = "failed", None
+        response["error"] = {"code": "server_error", "message": error}
+    else:
+        status, incomplete = ENDINGS.get(finish_reason, ("completed", None))
+    response["status"] = status
+    response["incomplete_details"] = incomplete
+    response["completed_at"] = int(time.time()) if status == "completed" else None
+    for item in output:
+        if item.get("status") == "in_progress":
+            item["status"] = "completed" if status == "completed" else "incomplete"
+    response["output"] = output
+    response["usage"] = usage(chat_usage)
+    return response
+
+
+def output_of_answer(answer: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+    """(the output items, the finish_reason) of a whole chat completion."""
+    choice = (answer.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    output: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        output.append(_reasoning_item(reasoning, "completed"))
+    content = message.get("content")
+    calls = message.get("tool_calls") or []
+    if content or not calls:
+        output.append(_message_item(content or "", "completed"))
+    output.extend(
+        _call_item(
+            c.get("id") or new_id("call"),
+            (c.get("function") or {}).get("name") or "",
+            (c.get("function") or {}).get("arguments") or "",
+            "completed",
+        )
+        for c in calls
+    )
+    return output, choice.get("finish_reason")
+
+
+def _message_item(text: str, status: str) -> dict[str, Any]:
+    return {
+        "id": new_id("msg"),
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
+
+
+def _reasoning_item(text: str, status: str) -> dict[str, Any]:
+    return {
+        "id": new_id("rs"),
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": status,
+    }
+
+
+def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": new_id("fc"),
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def assistant_turn(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chat message a response's output adds to its conversation (reasoning left out,
+    as chat templates leave it)."""
+    texts = [
+        part["text"]
+        for item in output
+        if item["type"] == "message"
+        for part in item["content"]
+        if part.get("type") == "output_text"
+    ]
+    calls = [
+        {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
+        for item in output
+        if item["type"] == "function_call"
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if calls:
+        message["tool_calls"] = calls
+    elif message["content"] is None:
+        message["content"] = ""
+    return [message]
+
+
+@dataclass
+class _Open:
+    """An output item being streamed: its place, and its text so far."""
+
+    index: int
+    item: dict[str, Any]
+    parts: list[str] = field(default_factory=list)
+
+
+class EventStream:
+    """A chat completion's chunks as the Responses API's typed stream events, numbered
+    (``sequence_number``), items opened and closed as OpenAI's stream does: reasoning,
+    then the message's text, then function calls."""
+
+    def __init__(self, response: dict[str, Any]) -> None:
+        self.response = response
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []
+        self.reasoning: _Open | None = None
+        self.message: _Open | None = None
+        self.calls: dict[int, _Open] = {}
+        self.finish_reason: str | None = None
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, **fields, "sequence_number": self.seq}
+        self.seq += 1
+        return event
+
+    def begin(self) -> list[dict[str, Any]]:
+        snapshot = dict(self.response)
+        return [
+            self.event("response.created", response=snapshot),
+            self.event("response.in_progress", response=snapshot),
+        ]
+
+    def _open(self, item: dict[str, Any]) -> tuple[_Open, dict[str, Any]]:
+        opened = _Open(len(self.output), item)
+        self.output.append(item)
+        shown = {**item, "content": []} if "content" in item else dict(item)
+        return opened, self.event(
+            "response.output_item.added", output_index=opened.index, item=shown
+        )
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                events.extend(self._reasoning(reasoning))
+            if delta.get("content"):
+                events.extend(self._text(delta["content"]))
+            for call in delta.get("tool_calls") or ():
+                events.extend(self._call(call))
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        return events
+
+    def _reasoning(self, text: str) -> list[dict[str, Any]]:
+        events = []
+        if self.reasoning is None:
+            self.reasoning, added = self._open(_reasoning_item("", "in_progress"))
+            events.append(added)
+        opened = self.reasoning
+        opened.parts.append(text)
+        events.append(
+            self.event(
+                "response.reasoning_text.delta",
+                item_id=opened.item["id"],
+                output_index=opened.index,
+                content_index=0,
+                delta=text,
+            )
+        )
+        return events
+
+    def _text(self, text: str) -> list[dict[str, Any]]:
+        events = self._close_reasoning()
+        if self.message is None:
+            self.message, added = self._open(_message_item("", "in_progress"))
+            events.append(added)
+            events.append(
+                self.event(
+                    "response.content_part.added",
+                    item_id=self.message.item["id"],
+                    output_index=self.message.index,
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                )
+            )
+        opened = self.message
+        opened.parts.append(text)
+        events.append(
+            self.event(
+                "response.output_text.delta",
+                item_id=opened.item["id"],
+                output_index=opened.index,
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
+        return events
+
+    def _call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
+        events = self._close_reasoning()
+        position = int(call.get("index") or 0)
+        function = call.get("function") or {}
+        opened = self.calls.get(position)
+        if opened is None:
+            item = _call_item(call.get("id") or new_id("call"), "", "", "in_progress")
+            item["name"] = function.get("name") or ""
+            opened, added = self._open(item)
+            self.calls[position] = opened
+            events.append(added)
+        elif function.get("name"):
+            opened.item["name"] += function["name"]
+        arguments = function.get("arguments")
+        if arguments:
+            opened.parts.append(arguments)
+            events.append(
+                self.event(
+                    "response.function_call_arguments.delta",
+                    item_id=opened.item["id"],
+                    output_index=opened.index,
+                    delta=arguments,
+                )
+            )
+        return events
+
+    def _close_reasoning(self) -> list[dict[str, Any]]:
+        opened, self.reasoning = self.reasoning, None
+        if opened is None:
+            return []
+        text = "".join(opened.parts)
+        opened.item["content"] = [{"type": "reasoning_text", "text": text}]
+        opened.item["status"] = "completed"
+        return [
+            self.event(
+                "response.reasoning_text.done",
+                item_id=opened.item["id"],
+                output_index=opened.index,
+                content_index=0,
+                text=text,
+            ),
+            self.event("response.output_item.done", output_index=opened.index, item=opened.item),
+        ]
+
+    def end(
+        self, *, chat_usage: dict[str, Any], error: str | None = None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The events that close the stream (its last: ``response.completed``,
+        ``.incomplete`` or ``.failed``, with the whole response) and that response."""
+        events = self._close_reasoning()
+        status, _ = ENDINGS.get(self.finish_reason, ("completed", None))
+        if error is not None:
+            status = "failed"
+        item_status = "completed" if status == "completed" else "incomplete"
+        if self.message is None and not self.calls and error is None:
+            # A response that said nothing still has its (empty) message, as OpenAI's do.
+            self.message, added = self._open(_message_item("", "in_progress"))
+            events.append(added)
+        if self.message is not None:
+            opened = self.message
+            text = "".join(opened.parts)
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            opened.item["content"] = [part]
+            opened.item["status"] = item_status
+            where = {"item_id": opened.item["id"], "output_index": opened.index, "content_index": 0}
+            events.append(self.event("response.output_text.done", **where, text=text, logprobs=[]))
+            events.append(self.event("response.content_part.done", **where, part=part))
+            events.append(
+                self.event("response.output_item.done", output_index=opened.index, item=opened.item)
+            )
+        for opened in self.calls.values():
+            arguments = "".join(opened.parts)
+            opened.item["arguments"] = arguments
+            opened.item["status"] = item_status
+            events.append(
+                self.event(
+                    "response.function_call_arguments.done",
+                    item_id=opened.item["id"],
+                    name=opened.item["name"],
+                    output_index=opened.index,
+                    arguments=arguments,
+                )
+            )
+            events.append(
+                self.event("response.output_item.done", output_index=opened.index, item=opened.item)
+            )
+        response = finished(
+            self.response,
+            output=self.output,
+            finish_reason=self.finish_reason,
+            chat_usage=chat_usage,
+            error=error,
+        )
+        kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
+            response["status"], "response.failed"
+        )
+        events.append(self.event(kind, response=response))
+        return events, response
