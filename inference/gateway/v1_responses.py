@@ -1,16 +1,20 @@
 """``/v1/responses``: create (streamed or whole), retrieve, delete, list input items.
 
-A response runs as a chat completion (``items``: the translation) through the same
-``Lifecycle`` as ``/v1/chat/completions``: the ledger's record says ``responses``. A stored
-response (``store``, the default) is written to PostgreSQL once its answer is complete and
-before the client is told so — its last stream event, or the whole answer — so a follow-up
-with ``previous_response_id`` finds it on any web process. The call's engine slot and limits
-are released before that write. Stored responses are the tenant's alone: every read and
-delete is by tenant and id, and another tenant's id is a 404 like one that never was.
+A response runs as a chat completion (translated by ``responses_in`` and ``responses_out``)
+through the same ``Lifecycle`` as ``/v1/chat/completions``: the ledger's record says
+``responses``. A stored response (``store``, the default) is written to PostgreSQL once its
+answer is complete and before the client is told so (its last stream event, or the whole
+answer), so a follow-up with ``previous_response_id`` finds it on any web process. The
+call's engine slot and limits are released before that write. A write that fails (the
+database away, a text PostgreSQL cannot keep) does not cost the client its answer: it gets
+it, with ``store: false``, and the stream an ``error`` event before its last. Stored
+responses are the tenant's alone: every read and delete is by tenant and id, and another
+tenant's id is a 404 like one that never was.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import UTC, datetime
@@ -18,19 +22,26 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
+from django.conf import settings
 from django.db import DatabaseError
 
 from conversations.models import StoredResponse
 from conversations.selectors import stored_response_get
 from conversations.services import stored_response_create, stored_response_delete
-from inference.gateway import items
+from inference.gateway import responses_in, responses_out
 from inference.gateway.call import MidStreamError
-from inference.gateway.db import run_db
+from inference.gateway.db import run_conversations_db
 from inference.gateway.errors import ApiError, invalid_request
 from inference.gateway.lifecycle import Lifecycle
-from inference.gateway.v1 import JSON, SSE_HEADERS, GatewayHttpConsumer
+from inference.gateway.v1 import JSON, SSE_HEADERS, YIELD_EVERY, GatewayHttpConsumer
 
 log = logging.getLogger(__name__)
+
+
+STORE_FAILED = (
+    "The response could not be stored (store is now false): it cannot be retrieved or "
+    "continued with previous_response_id."
+)
 
 
 def _not_found(response_id: str) -> ApiError:
@@ -57,7 +68,7 @@ async def _history(tenant_id: int, response_id: str) -> list[dict[str, Any]]:
         conversation: list[dict[str, Any]] = stored.conversation
         return conversation
 
-    found = await run_db(read)
+    found = await run_conversations_db(read)
     if found is None:
         raise invalid_request(
             f"Previous response with id '{response_id}' not found.",
@@ -74,10 +85,15 @@ class ResponsesConsumer(GatewayHttpConsumer):
 
     async def handle_request(self, body: bytes) -> None:
         key = self.checked_key
-        request = items.read_request(body)
+        request = responses_in.read_request(body)
         previous = request.get("previous_response_id")
         history = await _history(key.tenant_id, previous) if previous else []
-        translated = items.translate(request, history)
+        translated = responses_in.translate(
+            request, history, max_bytes=settings.INFERPLANE_MAX_BODY_BYTES
+        )
+        response = responses_out.skeleton(
+            request, response_id=responses_in.new_id("resp"), created_at=int(time.time())
+        )
         try:
             life = await Lifecycle.begin(
                 key=key,
@@ -87,10 +103,8 @@ class ResponsesConsumer(GatewayHttpConsumer):
                 rid=self.rid,
             )
         except ApiError as error:
-            raise items.renamed(error) from None
+            raise responses_in.renamed(error) from None
         self.ran = True
-        created_at = int(time.time())
-        response = items.skeleton(request, response_id=items.new_id("resp"), created_at=created_at)
         if request.get("stream"):
             await self.stream(life, request, translated, response)
         else:
@@ -100,7 +114,7 @@ class ResponsesConsumer(GatewayHttpConsumer):
         self,
         life: Lifecycle,
         request: dict[str, Any],
-        translated: items.Translated,
+        translated: responses_in.Translated,
         response: dict[str, Any],
     ) -> None:
         async with life:
@@ -108,10 +122,10 @@ class ResponsesConsumer(GatewayHttpConsumer):
                 await life.start()
                 answer = await life.whole()
             except ApiError as error:
-                await self.send_error(items.renamed(error), life.call.headers)
+                await self.send_error(responses_in.renamed(error), life.call.headers)
                 return
-        output, finish_reason = items.output_of_answer(answer)
-        items.finished(
+        output, finish_reason = responses_out.output_of_answer(answer)
+        responses_out.finished(
             response, output=output, finish_reason=finish_reason, chat_usage=life.call.usage()
         )
         await self._store(request, translated, response)
@@ -121,64 +135,74 @@ class ResponsesConsumer(GatewayHttpConsumer):
         self,
         life: Lifecycle,
         request: dict[str, Any],
-        translated: items.Translated,
+        translated: responses_in.Translated,
         response: dict[str, Any],
     ) -> None:
-        events = items.EventStream(response)
+        events = responses_out.EventStream(response)
         error: str | None = None
         async with life:
             try:
                 await life.start()
             except ApiError as refused:
-                await self.send_error(items.renamed(refused), life.call.headers)
+                await self.send_error(responses_in.renamed(refused), life.call.headers)
                 return
             await self.send_headers(status=200, headers=[*SSE_HEADERS, *life.call.headers])
+            send = self.base_send  # the server's own: Channels' send() only calls it
             await self.send_body(_sse(events.begin()), more_body=True)
+            written = 0
             try:
                 async for batch in life:
                     out: list[dict[str, Any]] = []
                     for chunk in batch:
                         out.extend(events.feed(chunk))
                     if out:
-                        await self.send_body(_sse(out), more_body=True)
+                        await send(
+                            {"type": "http.response.body", "body": _sse(out), "more_body": True}
+                        )
+                    # As chat's stream: a client that left is noticed within a few batches.
+                    written += 1
+                    if not written % YIELD_EVERY:
+                        await asyncio.sleep(0)
             except MidStreamError as exc:
                 error = str(exc)
         # The engine's slot and the limits are free; the answer is complete: keep it, then
         # say so (a client that continues from it at once finds it).
-        ending, response = events.end(chat_usage=life.call.usage(), error=error)
-        try:
-            await self._store(request, translated, response)
-        except DatabaseError:
-            log.exception("could not store response %s", response["id"])
-            ending.append(
-                events.event(
-                    "error",
-                    code="storage_unavailable",
-                    message="The response could not be stored; it cannot be continued or "
-                    "retrieved. Retry in a moment.",
-                    param=None,
-                )
-            )
-        await self.send_body(_sse(ending))
+        ending, response = events.close(chat_usage=life.call.usage(), error=error)
+        stored = await self._store(request, translated, response)
+        problem = None
+        if not stored and request.get("store") is not False:
+            problem = ("storage_failed", STORE_FAILED)
+        await self.send_body(_sse([*ending, *events.terminal(response, problem=problem)]))
 
     async def _store(
-        self, request: dict[str, Any], translated: items.Translated, response: dict[str, Any]
-    ) -> None:
+        self, request: dict[str, Any], translated: responses_in.Translated, response: dict[str, Any]
+    ) -> bool:
+        """Keep the response (when asked): whether it was kept. A write that fails leaves the
+        answer as it is but for ``store``, now false: it cannot be continued or retrieved."""
         if not response["store"]:
-            return
+            return False
         key = self.checked_key
-        await run_db(
-            stored_response_create,
-            response_id=response["id"],
-            tenant_id=key.tenant_id,
-            api_key_id=key.key_id,
-            request_id=self.rid,
-            model=request["model"],
-            body=response,
-            input_items=translated.input_items,
-            conversation=[*translated.conversation, *items.assistant_turn(response["output"])],
-            created_at=datetime.fromtimestamp(response["created_at"], UTC),
-        )
+        try:
+            await run_conversations_db(
+                stored_response_create,
+                response_id=response["id"],
+                tenant_id=key.tenant_id,
+                api_key_id=key.key_id,
+                request_id=self.rid,
+                model=request["model"],
+                body=response,
+                input_items=translated.input_items,
+                conversation=[
+                    *translated.conversation,
+                    *responses_out.assistant_turn(response["output"]),
+                ],
+                created_at=datetime.fromtimestamp(response["created_at"], UTC),
+            )
+        except DatabaseError:
+            log.exception("could not store response %s", response["id"])
+            response["store"] = False
+            return False
+        return True
 
 
 class ResponseConsumer(GatewayHttpConsumer):
@@ -194,7 +218,7 @@ class ResponseConsumer(GatewayHttpConsumer):
         tenant_id = self.checked_key.tenant_id
         response_id = self.scope["url_route"]["kwargs"]["response_id"]
         if self.scope["method"] == "DELETE":
-            if not await run_db(
+            if not await run_conversations_db(
                 stored_response_delete, tenant_id=tenant_id, response_id=response_id
             ):
                 raise _not_found(response_id)
@@ -211,7 +235,7 @@ async def _stored(tenant_id: int, response_id: str) -> StoredResponse:
         except StoredResponse.DoesNotExist:
             return None
 
-    stored = await run_db(read)
+    stored = await run_conversations_db(read)
     if stored is None:
         raise _not_found(response_id)
     return stored

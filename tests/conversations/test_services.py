@@ -37,7 +37,7 @@ def _store(tenant_id: int, response_id: str, *, days_ago: int = 0) -> StoredResp
 
 
 def test_a_stored_response_is_its_tenant_s_alone() -> None:
-    mine, theirs = TenantFactory(), TenantFactory()
+    mine, theirs = TenantFactory.create(), TenantFactory.create()
     _store(mine.id, "resp_a")
     assert stored_response_get(tenant_id=mine.id, response_id="resp_a").conversation
     with pytest.raises(StoredResponse.DoesNotExist):
@@ -49,7 +49,7 @@ def test_a_stored_response_is_its_tenant_s_alone() -> None:
 
 @override_settings(INFERPLANE_RESPONSES_RETENTION_DAYS=7)
 def test_past_its_retention_a_response_is_gone_and_then_purged() -> None:
-    tenant = TenantFactory()
+    tenant = TenantFactory.create()
     _store(tenant.id, "resp_old", days_ago=8)
     _store(tenant.id, "resp_new", days_ago=6)
     with pytest.raises(StoredResponse.DoesNotExist):

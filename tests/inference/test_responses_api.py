@@ -20,6 +20,7 @@ import pytest
 
 from conversations.models import StoredResponse
 from devkit.tiny_model import answer as scripted
+from devkit.tiny_model import word_at
 from tests.live import Stack, wait_for
 from tests.moderation import test_moderation as moderation
 from tests.serving import World
@@ -29,8 +30,11 @@ pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 KNOWN = {"ignore_eos": True}  # the output runs to max_output_tokens, whatever it says
 
 
-def _create(client: openai.OpenAI, **kwargs: Any) -> Any:
-    return client.responses.create(model="tiny-chat", extra_body=KNOWN, **kwargs)
+def _create(client: openai.OpenAI, *, extra: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+    """``responses.create`` of the tiny model, with vLLM's extras (``extra``) after KNOWN."""
+    return client.responses.create(
+        model="tiny-chat", extra_body={**KNOWN, **(extra or {})}, **kwargs
+    )
 
 
 def _chat_prompt_tokens(stack: Stack, key: str, messages: list[Any], **extra: Any) -> int:
@@ -274,7 +278,7 @@ def test_the_tenant_s_moderation_cuts_a_response_and_refuses_a_banned_input(
     moderation._policy(tenant, deny_terms=[moderation.TERM], output_mode="hold")
     time.sleep(2.1)  # the promise: every web process has the policy within two seconds
     client = world.stack.openai(key)
-    ask = {
+    ask: dict[str, Any] = {
         "input": moderation.PROMPT[0]["content"],
         "max_output_tokens": moderation.LONG,
         "temperature": 0,
@@ -293,3 +297,78 @@ def test_the_tenant_s_moderation_cuts_a_response_and_refuses_a_banned_input(
     with pytest.raises(openai.BadRequestError) as refused:
         _create(client, input=f"Say {moderation.TERM}.", max_output_tokens=2)
     assert refused.value.code == "content_policy_violation"
+
+
+def test_a_response_that_ends_by_itself_is_completed(world: World) -> None:
+    """A stop string (vLLM's extra, as on chat) ends the answer before its bound: the
+    response is ``completed``, with the text before the stop word."""
+    _, key = world.tenant()
+    done = _create(
+        world.stack.openai(key),
+        input="Go.",
+        max_output_tokens=50,
+        extra={"stop": [" " + word_at(3)]},
+    )
+    assert (done.status, done.incomplete_details) == ("completed", None)
+    assert done.completed_at is not None and done.output_text == scripted(3)
+    assert done.output[0].status == "completed"
+
+
+def test_deleted_listed_and_continued_as_openai_s(world: World) -> None:
+    _, key = world.tenant()
+    client = world.stack.openai(key)
+    asked = [{"role": "user", "content": f"Item {i}."} for i in range(3)]
+    made = _create(client, input=asked, max_output_tokens=1)
+    first = client.responses.input_items.list(made.id, limit=2)
+    assert [i.model_dump()["content"][0]["text"] for i in first.data] == ["Item 2.", "Item 1."]
+    assert first.has_more
+    rest = client.responses.input_items.list(made.id, limit=2, after=first.data[-1].id)
+    assert [i.model_dump()["content"][0]["text"] for i in rest.data] == ["Item 0."]
+    assert not rest.has_more
+    # Not kept, or deleted: nothing to continue.
+    unkept = _create(client, input="x", max_output_tokens=1, store=False)
+    assert unkept.store is False
+    headers = {"authorization": f"Bearer {key}"}
+    deleted = httpx.delete(f"{world.stack.url}/v1/responses/{made.id}", headers=headers)
+    assert deleted.json() == {"id": made.id, "object": "response", "deleted": True}
+    for gone in (unkept.id, made.id):
+        with pytest.raises(openai.BadRequestError) as refused:
+            _create(client, input="more", previous_response_id=gone, max_output_tokens=1)
+        assert refused.value.code == "previous_response_not_found"
+    again = httpx.delete(f"{world.stack.url}/v1/responses/{made.id}", headers=headers)
+    assert again.status_code == 404
+
+
+def test_a_client_that_leaves_mid_stream_is_billed_what_was_made_and_nothing_is_kept(
+    world: World,
+) -> None:
+    tenant, key = world.tenant()
+    created = ""
+    with _create(
+        world.stack.openai(key), input="Long.", max_output_tokens=600, stream=True
+    ) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                created = event.item_id
+                break
+    assert created
+    (record,) = wait_for(lambda: world.records(tenant=tenant), timeout=30)
+    assert record.endpoint == "responses" and 0 < record.completion_tokens < 600
+    assert not StoredResponse.objects.filter(tenant=tenant).exists()
+
+
+def test_a_response_the_database_cannot_keep_is_still_answered(world: World) -> None:
+    """PostgreSQL keeps no NUL in JSON text: the answer comes (it was made and billed) with
+    ``store: false``, and the stream says why before its last event; nothing half-kept."""
+    tenant, key = world.tenant()
+    client = world.stack.openai(key)
+    whole = _create(client, input="a\u0000b", max_output_tokens=2)
+    assert whole.store is False and whole.usage.output_tokens == 2
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(whole.id)
+    with _create(client, input="a\u0000b", max_output_tokens=2, stream=True) as stream:
+        events = list(stream)
+    assert [e.type for e in events[-2:]] == ["error", "response.incomplete"]
+    assert events[-1].response.store is False
+    assert not StoredResponse.objects.filter(tenant=tenant).exists()
+    wait_for(lambda: len(world.records(tenant=tenant)) == 2, timeout=30)

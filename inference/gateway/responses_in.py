@@ -1,4 +1,4 @@
-"""The Responses API (``/v1/responses``) in the words of chat completions.
+"""The Responses API (``/v1/responses``) in the words of chat completions: the request side.
 
 A request's input items become the chat messages the engine reads, after the stored
 conversation its ``previous_response_id`` names (the platform keeps it: ``conversations``;
@@ -16,11 +16,11 @@ truncation ``auto`` are not offered.
 from __future__ import annotations
 
 import secrets
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, StrictInt
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from inference.gateway.errors import ApiError, invalid_request
 from inference.gateway.schema import PosInt, Strict, json_object, validate
@@ -40,6 +40,24 @@ HOSTED_TOOL = (
     "engines, not OpenAI's tools. Give the model function tools and run them yourself."
 )
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"]
+    name: Annotated[str, Field(max_length=64)] | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+
+class TextParam(BaseModel):
+    model_config = ConfigDict(extra="allow")  # verbosity: the model's own
+    format: TextFormat | None = None
+
+
+class ReasoningParam(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    effort: str | None = None
+    summary: str | None = None
 
 
 class ResponseRequest(Strict):
@@ -62,8 +80,8 @@ class ResponseRequest(Strict):
     metadata: (
         Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None
     ) = None
-    text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    text: TextParam | None = None
+    reasoning: ReasoningParam | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
     safety_identifier: Annotated[str, Field(max_length=256)] | None = None
     # Accepted: each tenant's prefix cache is its own already (inference.gateway.salt).
@@ -78,12 +96,13 @@ class ResponseRequest(Strict):
     min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
     ignore_eos: StrictBool | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
+    stop: str | Annotated[list[str], Field(max_length=16)] | None = None
     # Narrows the tenant's own prefix-cache partition (inference.gateway.salt), never widens it.
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
 
 PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "top_k", "min_p")
-PASSED_EXTRA = ("min_tokens", "ignore_eos", "repetition_penalty", "cache_salt")
+PASSED_EXTRA = ("min_tokens", "ignore_eos", "repetition_penalty", "stop", "cache_salt")
 
 
 def new_id(prefix: str) -> str:
@@ -266,7 +285,8 @@ def _items(given: str | list[Any]) -> tuple[list[dict[str, Any]], list[dict[str,
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
             # The model's earlier reasoning is not read again (as chat templates do).
-            items.append({**item, "id": item.get("id") or new_id("rs")})
+            # A new id, whatever it came with: the listing pages by id.
+            items.append({**item, "id": new_id("rs")})
         else:
             raise invalid_request(
                 f"Input items of type {kind!r} are not supported: send messages, "
@@ -304,7 +324,11 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
 def _tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     if choice is None or choice in ("auto", "none", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name"):
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        if not isinstance(choice.get("name"), str) or not choice["name"]:
+            raise invalid_request(
+                "tool_choice of type function needs its name.", param="tool_choice.name"
+            )
         return {"type": "function", "function": {"name": choice["name"]}}
     kind = choice.get("type") if isinstance(choice, dict) else choice
     raise invalid_request(
@@ -331,9 +355,11 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     )
 
 
-def translate(body: dict[str, Any], history: list[dict[str, Any]]) -> Translated:
+def translate(body: dict[str, Any], history: list[dict[str, Any]], *, max_bytes: int) -> Translated:
     """The chat request for ``body`` after ``history`` (the stored conversation its
-    ``previous_response_id`` names), and what is kept of it."""
+    ``previous_response_id`` names), and what is kept of it. The conversation, with this
+    input, is bounded as a request body is (``max_bytes``): a chain cannot grow what each
+    turn stores, reads and sends past what one request may carry."""
     items, messages = _items(body["input"])
     conversation = [*history, *messages]
     chat: dict[str, Any] = {"model": body["model"]}
@@ -362,6 +388,20 @@ def translate(body: dict[str, Any], history: list[dict[str, Any]]) -> Translated
     effort = (body.get("reasoning") or {}).get("effort")
     if effort is not None:
         chat["reasoning_effort"] = effort
+    try:
+        size = len(orjson.dumps(chat))
+    except orjson.JSONEncodeError:  # deeper than orjson writes (255 levels), though it read it
+        raise invalid_request(
+            "The request body is nested too deeply (at most 255 levels of arrays and objects)."
+        ) from None
+    if size > max_bytes:
+        raise invalid_request(
+            f"The conversation is too large: with this input it is {size} bytes, past the "
+            f"{max_bytes} one request may carry. Start a new conversation (without "
+            "previous_response_id) or send less.",
+            param="previous_response_id" if history else "input",
+            code="request_too_large",
+        )
     return Translated(chat=chat, input_items=items, conversation=conversation)
 
 
@@ -373,381 +413,3 @@ def renamed(error: ApiError) -> ApiError:
     elif error.param is not None and error.param.startswith("messages"):
         error.param = "input"
     return error
-
-
-def skeleton(body: dict[str, Any], *, response_id: str, created_at: int) -> dict[str, Any]:
-    """The response object before its output: what the request asked for, as OpenAI echoes
-    it back, ``in_progress``."""
-    fmt = (body.get("text") or {}).get("format") or {"type": "text"}
-    reasoning = body.get("reasoning") or {}
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": created_at,
-        "status": "in_progress",
-        "completed_at": None,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": body.get("instructions"),
-        "max_output_tokens": body.get("max_output_tokens"),
-        "model": body["model"],
-        "output": [],
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": body.get("previous_response_id"),
-        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
-        "store": body.get("store", True),
-        "temperature": body.get("temperature", 1.0),
-        "text": {"format": fmt},
-        "tool_choice": body.get("tool_choice", "auto"),
-        "tools": [_tool_echo(tool) for tool in body.get("tools") or ()],
-        "top_p": body.get("top_p", 1.0),
-        "truncation": "disabled",
-        "metadata": body.get("metadata") or {},
-        "service_tier": "default",
-        **({"user": body["user"]} if body.get("user") is not None else {}),
-    }
-
-
-def _tool_echo(tool: dict[str, Any]) -> dict[str, Any]:
-    """A function tool as the response names it back (OpenAI's fields, each present)."""
-    return {
-        "type": "function",
-        "name": tool["name"],
-        "description": tool.get("description"),
-        "parameters": tool.get("parameters"),
-        "strict": bool(tool.get("strict")),
-    }
-
-
-def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
-    """A chat completion's usage in the Responses API's words (the same engine counts)."""
-    prompt = int(chat_usage.get("prompt_tokens") or 0)
-    completion = int(chat_usage.get("completion_tokens") or 0)
-    cached = int((chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-    return {
-        "input_tokens": prompt,
-        # Cache writes are not billed apart (nothing to report): the prefix cache is the
-        # engine's own.
-        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-        "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt + completion,
-    }
-
-
-# How a chat completion's finish_reason ends a response: (status, incomplete_details).
-ENDINGS: dict[str | None, tuple[str, dict[str, str] | None]] = {
-    "length": ("incomplete", {"reason": "max_output_tokens"}),
-    "content_filter": ("incomplete", {"reason": "content_filter"}),
-}
-
-
-def finished(
-    response: dict[str, Any],
-    *,
-    output: list[dict[str, Any]],
-    finish_reason: str | None,
-    chat_usage: dict[str, Any],
-    error: str | None = None,
-) -> dict[str, Any]:
-    """The response object, ended: its output, status and usage."""
-    if error is not None:
-        status, incomplete = "failed", None
-        response["error"] = {"code": "server_error", "message": error}
-    else:
-        status, incomplete = ENDINGS.get(finish_reason, ("completed", None))
-    response["status"] = status
-    response["incomplete_details"] = incomplete
-    response["completed_at"] = int(time.time()) if status == "completed" else None
-    for item in output:
-        if item.get("status") == "in_progress":
-            item["status"] = "completed" if status == "completed" else "incomplete"
-    response["output"] = output
-    response["usage"] = usage(chat_usage)
-    return response
-
-
-def output_of_answer(answer: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
-    """(the output items, the finish_reason) of a whole chat completion."""
-    choice = (answer.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
-    output: list[dict[str, Any]] = []
-    reasoning = message.get("reasoning_content") or message.get("reasoning")
-    if reasoning:
-        output.append(_reasoning_item(reasoning, "completed"))
-    content = message.get("content")
-    calls = message.get("tool_calls") or []
-    if content or not calls:
-        output.append(_message_item(content or "", "completed"))
-    output.extend(
-        _call_item(
-            c.get("id") or new_id("call"),
-            (c.get("function") or {}).get("name") or "",
-            (c.get("function") or {}).get("arguments") or "",
-            "completed",
-        )
-        for c in calls
-    )
-    return output, choice.get("finish_reason")
-
-
-def _message_item(text: str, status: str) -> dict[str, Any]:
-    return {
-        "id": new_id("msg"),
-        "type": "message",
-        "role": "assistant",
-        "status": status,
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
-    }
-
-
-def _reasoning_item(text: str, status: str) -> dict[str, Any]:
-    return {
-        "id": new_id("rs"),
-        "type": "reasoning",
-        "summary": [],
-        "content": [{"type": "reasoning_text", "text": text}],
-        "status": status,
-    }
-
-
-def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {
-        "id": new_id("fc"),
-        "type": "function_call",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
-
-
-def assistant_turn(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The chat message a response's output adds to its conversation (reasoning left out,
-    as chat templates leave it)."""
-    texts = [
-        part["text"]
-        for item in output
-        if item["type"] == "message"
-        for part in item["content"]
-        if part.get("type") == "output_text"
-    ]
-    calls = [
-        {
-            "id": item["call_id"],
-            "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]},
-        }
-        for item in output
-        if item["type"] == "function_call"
-    ]
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
-    if calls:
-        message["tool_calls"] = calls
-    elif message["content"] is None:
-        message["content"] = ""
-    return [message]
-
-
-@dataclass
-class _Open:
-    """An output item being streamed: its place, and its text so far."""
-
-    index: int
-    item: dict[str, Any]
-    parts: list[str] = field(default_factory=list)
-
-
-class EventStream:
-    """A chat completion's chunks as the Responses API's typed stream events, numbered
-    (``sequence_number``), items opened and closed as OpenAI's stream does: reasoning,
-    then the message's text, then function calls."""
-
-    def __init__(self, response: dict[str, Any]) -> None:
-        self.response = response
-        self.seq = 0
-        self.output: list[dict[str, Any]] = []
-        self.reasoning: _Open | None = None
-        self.message: _Open | None = None
-        self.calls: dict[int, _Open] = {}
-        self.finish_reason: str | None = None
-
-    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        event = {"type": kind, **fields, "sequence_number": self.seq}
-        self.seq += 1
-        return event
-
-    def begin(self) -> list[dict[str, Any]]:
-        snapshot = dict(self.response)
-        return [
-            self.event("response.created", response=snapshot),
-            self.event("response.in_progress", response=snapshot),
-        ]
-
-    def _open(self, item: dict[str, Any]) -> tuple[_Open, dict[str, Any]]:
-        opened = _Open(len(self.output), item)
-        self.output.append(item)
-        shown = {**item, "content": []} if "content" in item else dict(item)
-        return opened, self.event(
-            "response.output_item.added", output_index=opened.index, item=shown
-        )
-
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning:
-                events.extend(self._reasoning(reasoning))
-            if delta.get("content"):
-                events.extend(self._text(delta["content"]))
-            for call in delta.get("tool_calls") or ():
-                events.extend(self._call(call))
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-        return events
-
-    def _reasoning(self, text: str) -> list[dict[str, Any]]:
-        events = []
-        if self.reasoning is None:
-            self.reasoning, added = self._open(_reasoning_item("", "in_progress"))
-            events.append(added)
-        opened = self.reasoning
-        opened.parts.append(text)
-        events.append(
-            self.event(
-                "response.reasoning_text.delta",
-                item_id=opened.item["id"],
-                output_index=opened.index,
-                content_index=0,
-                delta=text,
-            )
-        )
-        return events
-
-    def _text(self, text: str) -> list[dict[str, Any]]:
-        events = self._close_reasoning()
-        if self.message is None:
-            self.message, added = self._open(_message_item("", "in_progress"))
-            events.append(added)
-            events.append(
-                self.event(
-                    "response.content_part.added",
-                    item_id=self.message.item["id"],
-                    output_index=self.message.index,
-                    content_index=0,
-                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-                )
-            )
-        opened = self.message
-        opened.parts.append(text)
-        events.append(
-            self.event(
-                "response.output_text.delta",
-                item_id=opened.item["id"],
-                output_index=opened.index,
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        )
-        return events
-
-    def _call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
-        events = self._close_reasoning()
-        position = int(call.get("index") or 0)
-        function = call.get("function") or {}
-        opened = self.calls.get(position)
-        if opened is None:
-            item = _call_item(call.get("id") or new_id("call"), "", "", "in_progress")
-            item["name"] = function.get("name") or ""
-            opened, added = self._open(item)
-            self.calls[position] = opened
-            events.append(added)
-        elif function.get("name"):
-            opened.item["name"] += function["name"]
-        arguments = function.get("arguments")
-        if arguments:
-            opened.parts.append(arguments)
-            events.append(
-                self.event(
-                    "response.function_call_arguments.delta",
-                    item_id=opened.item["id"],
-                    output_index=opened.index,
-                    delta=arguments,
-                )
-            )
-        return events
-
-    def _close_reasoning(self) -> list[dict[str, Any]]:
-        opened, self.reasoning = self.reasoning, None
-        if opened is None:
-            return []
-        text = "".join(opened.parts)
-        opened.item["content"] = [{"type": "reasoning_text", "text": text}]
-        opened.item["status"] = "completed"
-        return [
-            self.event(
-                "response.reasoning_text.done",
-                item_id=opened.item["id"],
-                output_index=opened.index,
-                content_index=0,
-                text=text,
-            ),
-            self.event("response.output_item.done", output_index=opened.index, item=opened.item),
-        ]
-
-    def end(
-        self, *, chat_usage: dict[str, Any], error: str | None = None
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """The events that close the stream (its last: ``response.completed``,
-        ``.incomplete`` or ``.failed``, with the whole response) and that response."""
-        events = self._close_reasoning()
-        status, _ = ENDINGS.get(self.finish_reason, ("completed", None))
-        if error is not None:
-            status = "failed"
-        item_status = "completed" if status == "completed" else "incomplete"
-        if self.message is None and not self.calls and error is None:
-            # A response that said nothing still has its (empty) message, as OpenAI's do.
-            self.message, added = self._open(_message_item("", "in_progress"))
-            events.append(added)
-        if self.message is not None:
-            opened = self.message
-            text = "".join(opened.parts)
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            opened.item["content"] = [part]
-            opened.item["status"] = item_status
-            where = {"item_id": opened.item["id"], "output_index": opened.index, "content_index": 0}
-            events.append(self.event("response.output_text.done", **where, text=text, logprobs=[]))
-            events.append(self.event("response.content_part.done", **where, part=part))
-            events.append(
-                self.event("response.output_item.done", output_index=opened.index, item=opened.item)
-            )
-        for opened in self.calls.values():
-            arguments = "".join(opened.parts)
-            opened.item["arguments"] = arguments
-            opened.item["status"] = item_status
-            events.append(
-                self.event(
-                    "response.function_call_arguments.done",
-                    item_id=opened.item["id"],
-                    name=opened.item["name"],
-                    output_index=opened.index,
-                    arguments=arguments,
-                )
-            )
-            events.append(
-                self.event("response.output_item.done", output_index=opened.index, item=opened.item)
-            )
-        response = finished(
-            self.response,
-            output=self.output,
-            finish_reason=self.finish_reason,
-            chat_usage=chat_usage,
-            error=error,
-        )
-        kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
-            response["status"], "response.failed"
-        )
-        events.append(self.event(kind, response=response))
-        return events, response

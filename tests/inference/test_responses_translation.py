@@ -1,17 +1,17 @@
-"""The Responses API's translation (``inference.gateway.items``), no engine: a request's items
-into chat messages, and a chat completion's chunks into the typed events of OpenAI's stream —
-reasoning, text and function calls, each event and the final response checked against
-OpenAI's published schema. (The live path, on a real engine: test_responses_api.py.)"""
+"""The Responses API's translation (``inference.gateway.responses_in`` and ``responses_out``),
+no engine: a request's items into chat messages, and a chat completion's chunks into the
+typed events of OpenAI's stream (reasoning, text and function calls), each event and the final
+response checked against OpenAI's published schema. The live path, on a real engine, is
+test_responses_api.py."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-import orjson
 import pytest
 
-from inference.gateway import items
+from inference.gateway import responses_in, responses_out
 from inference.gateway.errors import ApiError
 from tests import contract
 
@@ -23,12 +23,14 @@ def _chunk(**delta: Any) -> dict[str, Any]:
 
 def _stream(chunks: list[dict[str, Any]], **request: Any) -> list[dict[str, Any]]:
     body = {"model": "tiny-chat", "input": "hi", **request}
-    events = items.EventStream(items.skeleton(body, response_id="resp_1", created_at=1))
+    events = responses_out.EventStream(
+        responses_out.skeleton(body, response_id="resp_1", created_at=1)
+    )
     out = events.begin()
     for chunk in chunks:
         out.extend(events.feed(chunk))
-    ending, _ = events.end(chat_usage={"prompt_tokens": 3, "completion_tokens": 4})
-    out.extend(ending)
+    closing, response = events.close(chat_usage={"prompt_tokens": 3, "completion_tokens": 4})
+    out.extend([*closing, *events.terminal(response)])
     for event in out:  # each one as OpenAI's schema declares it
         assert contract.errors("ResponseStreamEvent", event) == [], event
     assert [e["sequence_number"] for e in out] == list(range(len(out)))
@@ -68,7 +70,7 @@ def test_reasoning_then_text_then_function_calls_stream_as_openai_s_items() -> N
     assert all(i["status"] == "completed" for i in output)
     assert response["usage"]["total_tokens"] == 7
     # What the next turn reads: the text and the calls, not the reasoning.
-    assert items.assistant_turn(output) == [
+    assert responses_out.assistant_turn(output) == [
         {
             "role": "assistant",
             "content": "Let me check.",
@@ -112,18 +114,22 @@ def test_an_answer_with_nothing_in_it_is_an_empty_message_and_a_failure_says_why
     events = _stream([_chunk(finish_reason="stop")])
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == ""
     body = {"model": "tiny-chat", "input": "hi"}
-    stream = items.EventStream(items.skeleton(body, response_id="resp_2", created_at=1))
+    stream = responses_out.EventStream(
+        responses_out.skeleton(body, response_id="resp_2", created_at=1)
+    )
     stream.begin()
     stream.feed(_chunk(content="half"))
-    ending, response = stream.end(chat_usage={}, error="the engine failed")
-    assert ending[-1]["type"] == "response.failed"
+    closing, response = stream.close(chat_usage={}, error="the engine failed")
+    ending = [*closing, *stream.terminal(response, problem=("storage_failed", "not kept"))]
+    assert [e["type"] for e in ending[-2:]] == ["error", "response.failed"]
+    assert [e["sequence_number"] for e in ending] == list(range(5, 5 + len(ending)))
     assert response["error"] == {"code": "server_error", "message": "the engine failed"}
     assert contract.errors("Response", response) == []
 
 
 def test_the_input_becomes_the_conversation_and_the_instructions_stay_out_of_it() -> None:
     history = [{"role": "user", "content": "Earlier."}, {"role": "assistant", "content": "Yes."}]
-    translated = items.translate(
+    translated = responses_in.translate(
         {
             "model": "m",
             "instructions": "Be brief.",
@@ -140,6 +146,7 @@ def test_the_input_becomes_the_conversation_and_the_instructions_stay_out_of_it(
             "tool_choice": {"type": "function", "name": "f"},
         },
         history,
+        max_bytes=1 << 20,
     )
     chat = translated.chat
     assert chat["messages"][0] == {"role": "system", "content": "Be brief."}
@@ -162,6 +169,15 @@ def test_the_input_becomes_the_conversation_and_the_instructions_stay_out_of_it(
         "reasoning",
     ]
     assert len({i["id"] for i in translated.input_items}) == 5
+
+
+# A stored conversation past what one request may carry (4096 bytes here).
+HISTORY = [{"role": "user", "content": "y" * 5000}]
+DEEP: dict[str, Any] = {}
+_node = DEEP
+for _ in range(300):  # orjson reads 1024 levels and writes 255
+    _node["a"] = {}
+    _node = _node["a"]
 
 
 @pytest.mark.parametrize(
@@ -191,14 +207,31 @@ def test_the_input_becomes_the_conversation_and_the_instructions_stay_out_of_it(
         ({"input": "x", "temperature": 3}, "temperature", None),
         ({"input": "x", "surprise": 1}, "surprise", None),
         ({}, "input", None),
+        ({"input": "x", "text": {"format": "x"}}, "text.format", None),
+        ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type", None),
+        ({"input": "x", "tool_choice": {"type": "function"}}, "tool_choice.name", None),
+        ({"input": "x" * 5000}, "input", "request_too_large"),
+        (
+            {"input": "x", "previous_response_id": "resp_1"},
+            "previous_response_id",
+            "request_too_large",
+        ),
+        (
+            {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": DEEP}]},
+            None,
+            None,
+        ),
     ],
 )
 def test_what_a_chat_completion_cannot_carry_is_refused_by_name(
     body: dict[str, Any], param: str, code: str | None
 ) -> None:
     with pytest.raises(ApiError) as refused:
-        request = items.read_request(orjson.dumps({"model": "tiny-chat", **body}))
-        items.translate(request, [])
+        # json, not orjson: it writes the 300 levels the gateway must refuse to send on.
+        request = responses_in.read_request(json.dumps({"model": "tiny-chat", **body}).encode())
+        responses_in.translate(
+            request, HISTORY if "previous_response_id" in body else [], max_bytes=4096
+        )
     assert (refused.value.status, refused.value.param, refused.value.code) == (400, param, code)
     assert refused.value.message
 
@@ -222,10 +255,10 @@ def test_a_whole_answer_is_the_same_response_as_its_stream() -> None:
             }
         ]
     }
-    output, finish = items.output_of_answer(answer)
+    output, finish = responses_out.output_of_answer(answer)
     body = {"model": "m", "input": "hi"}
-    response = items.finished(
-        items.skeleton(body, response_id="resp_3", created_at=1),
+    response = responses_out.finished(
+        responses_out.skeleton(body, response_id="resp_3", created_at=1),
         output=output,
         finish_reason=finish,
         chat_usage={"prompt_tokens": 1, "completion_tokens": 2},
@@ -233,3 +266,52 @@ def test_a_whole_answer_is_the_same_response_as_its_stream() -> None:
     assert contract.errors("Response", response) == []
     assert [i["type"] for i in response["output"]] == ["function_call"]
     assert response["status"] == "completed" and json.loads(output[0]["arguments"]) == {}
+
+
+def test_each_item_is_closed_before_the_next_opens() -> None:
+    """As OpenAI's stream: a client that renders items as they come never sees two open."""
+    events = _stream(
+        [
+            _chunk(content="Calling."),
+            _chunk(
+                tool_calls=[{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{}"}}]
+            ),
+            _chunk(
+                tool_calls=[{"index": 1, "id": "b", "function": {"name": "g", "arguments": "{}"}}]
+            ),
+            _chunk(finish_reason="tool_calls"),
+        ]
+    )
+    opened: set[str] = set()
+    for event in events:
+        if event["type"] == "response.output_item.added":
+            assert not opened, event
+            opened.add(event["item"]["id"])
+        elif event["type"] == "response.output_item.done":
+            opened.discard(event["item"]["id"])
+    assert not opened
+
+
+def test_reasoning_items_sent_back_get_ids_of_their_own() -> None:
+    """The input items are paged by id: a client's ids (repeated, or not strings) are not."""
+    translated = responses_in.translate(
+        {"model": "m", "input": [{"type": "reasoning", "id": 7, "summary": []}] * 2},
+        [],
+        max_bytes=4096,
+    )
+    ids = [item["id"] for item in translated.input_items]
+    assert len(set(ids)) == 2 and all(isinstance(i, str) and i.startswith("rs_") for i in ids)
+
+
+def test_null_is_the_default() -> None:
+    """``store: null`` stores, as OpenAI (the default), and null sampling fields echo theirs."""
+    response = responses_out.skeleton(
+        {"model": "m", "input": "x", "store": None, "temperature": None, "tool_choice": None},
+        response_id="resp_4",
+        created_at=1,
+    )
+    assert (response["store"], response["temperature"], response["tool_choice"]) == (
+        True,
+        1.0,
+        "auto",
+    )
