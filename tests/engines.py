@@ -150,12 +150,12 @@ def embed_engine_start(port: int | None = None) -> Engine:
 
 
 # The engines a session needs. The session's own (``engine``, ``guard_engine``,
-# ``lora_engine``) are started together, when the first of them a selected test uses is asked
-# for, and live until the end: most of a start is single-threaded Python, so on two cores three
-# at once take less than three one after another (an idle engine costs no CPU; ~2 GiB of
-# memory each). The spare ones, which one module each hangs and kills, start when that module
-# asks: five starts at once thrash (tests/README.md). ``tests/conftest.py`` names the ones the
-# selected tests use (``wanted``).
+# ``lora_engine``, ``embed_engine``) are started together, when the first of them a selected
+# test uses is asked for, and live until the end: most of a start is single-threaded Python,
+# so on two cores several at once take less than one after another (an idle engine costs no
+# CPU; ~2 GiB of memory each). The spare ones, which one module each hangs and kills, start
+# when that module asks: five starts at once thrash (tests/README.md). ``tests/conftest.py``
+# names the ones the selected tests use (``wanted``).
 STARTERS: dict[str, Callable[[], Engine]] = {
     "engine": engine_start,
     "guard_engine": guard_engine_start,
@@ -166,7 +166,7 @@ STARTERS: dict[str, Callable[[], Engine]] = {
     "embed_engine": embed_engine_start,
     "second_engine": engine_start,
 }
-TOGETHER = frozenset({"engine", "guard_engine", "lora_engine"})
+TOGETHER = frozenset({"engine", "guard_engine", "lora_engine", "embed_engine"})
 wanted: set[str] = set()
 _started: dict[str, Engine] = {}
 
