@@ -57,7 +57,7 @@ async def _one(session: aiohttp.ClientSession, target: Target) -> float:
 
 async def _throughput(
     session: aiohttp.ClientSession, target: Target, clients: int, seconds: float
-) -> float:
+) -> tuple[float, int]:
     done = 0
     deadline = time.perf_counter() + seconds
 
@@ -69,10 +69,12 @@ async def _throughput(
 
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
-    return done / (time.perf_counter() - started)
+    return done / (time.perf_counter() - started), done
 
 
-async def run(args: argparse.Namespace, engine: str, gateway: str, key: str) -> dict[str, Any]:
+async def run(
+    args: argparse.Namespace, bench: Bench, engine: str, gateway: str, key: str
+) -> dict[str, Any]:
     body = {"input": TEXT, "encoding_format": "float"}
     targets: dict[str, Target] = {
         "direct": (f"{engine}/v1/embeddings", {}, {**body, "model": "tiny-chat"}),
@@ -91,10 +93,13 @@ async def run(args: argparse.Namespace, engine: str, gateway: str, key: str) -> 
         for i in range(args.samples):
             for name in list(targets) if i % 2 == 0 else reversed(list(targets)):
                 latency[name].append(await _one(session, targets[name]))
-        rates = {
-            name: await _throughput(session, target, args.clients, args.seconds)
-            for name, target in targets.items()
-        }
+        rates: dict[str, float] = {}
+        web_cpu_us = 0.0
+        for name, target in targets.items():
+            cpu = bench.web_cpu_seconds()
+            rates[name], done = await _throughput(session, target, args.clients, args.seconds)
+            if name == "gateway":
+                web_cpu_us = (bench.web_cpu_seconds() - cpu) / max(1, done) * 1e6
     return {
         "latency_ms": {
             name: {f"p{q}": percentile(values, q) for q in (50, 90)}
@@ -103,6 +108,7 @@ async def run(args: argparse.Namespace, engine: str, gateway: str, key: str) -> 
         "requests_per_second": rates,
         "added_p50_ms": percentile(latency["gateway"], 50) - percentile(latency["direct"], 50),
         "throughput_ratio": rates["gateway"] / rates["direct"],
+        "web_cpu_us_per_request": web_cpu_us,
     }
 
 
@@ -114,19 +120,25 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients for throughput")
     parser.add_argument("--seconds", type=float, default=15, help="per throughput run")
     parser.add_argument("--workers", type=int, default=2, help="gateway web processes")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the engine alone on CPU 0, the gateway and the clients on CPU 1 (as in "
+        "production, where the gateway never takes the engine's processor)",
+    )
     args = parser.parse_args()
     django_setup()
-    bench = Bench()
+    bench = Bench(pin=args.pin)
     try:
         engine = bench.start_engine(*EMBED_ENGINE_ARGS)
         _seed(engine)
         key = tenant_key("bench-embeddings")
         gateway = bench.start_gateway(workers=args.workers)
-        results = asyncio.run(run(args, engine, gateway, key))
+        results = asyncio.run(run(args, bench, engine, gateway, key))
     finally:
         bench.stop()
     results["config"] = vars(args)
-    out = ROOT / "var" / "bench-results" / "embeddings.json"
+    out = ROOT / "var" / "bench-results" / f"embeddings{'-pinned' if args.pin else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     for name, qs in results["latency_ms"].items():
@@ -137,6 +149,7 @@ def main() -> None:
         f"added at p50: {results['added_p50_ms']:.2f} ms (goal <= 2); gateway/engine "
         f"throughput {results['throughput_ratio']:.2f} (goal >= 0.9)"
     )
+    print(f"web CPU per request through the gateway: {results['web_cpu_us_per_request']:.0f} µs")
     print(f"results: {out.relative_to(ROOT)}")
 
 

@@ -19,6 +19,7 @@ class UsageRecord(models.Model):
         CUT_OFF = "cut_off", "Cut off (client left)"
         ERROR = "error", "Error"
         CONTENT_FILTER = "content_filter", "Stopped by moderation"
+        CACHE_HIT = "cache_hit", "Answered from the response cache"
 
     request_id = models.CharField(max_length=64, unique=True)
     # No foreign-key constraints and no single-column indexes on the ledger: the insert itself

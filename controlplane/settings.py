@@ -502,6 +502,17 @@ INFERPLANE_ENGINE_API_KEY = env_str("INFERPLANE_ENGINE_API_KEY", "")
 # How long the Responses API keeps a stored response (``store``, the default): OpenAI's 30
 # days. ``previous_response_id`` can continue from it until then; GET and DELETE reach it.
 INFERPLANE_RESPONSES_RETENTION_DAYS = env_int("INFERPLANE_RESPONSES_RETENTION_DAYS", 30, minimum=1)
+# The response cache (docs/cache.md), per tenant: at most this many answers and bytes (the
+# least recently used go first), and no answer larger than the last.
+INFERPLANE_RESPONSE_CACHE_MAX_ENTRIES = env_int(
+    "INFERPLANE_RESPONSE_CACHE_MAX_ENTRIES", 10_000, minimum=1
+)
+INFERPLANE_RESPONSE_CACHE_MAX_BYTES = env_int(
+    "INFERPLANE_RESPONSE_CACHE_MAX_BYTES", 64 * 1024 * 1024, minimum=64 * 1024
+)
+INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES = env_int(
+    "INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES", 256 * 1024, minimum=1024
+)
 INFERPLANE_MAX_RESPONSE_BYTES = env_int(
     "INFERPLANE_MAX_RESPONSE_BYTES", 16 * 1024 * 1024, minimum=64 * 1024
 )

@@ -17,9 +17,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import request_user
+from controlplane.api import request_user, tenant_access
 from fleet.models import ModelRoute, Pool, Replica
 from inference import selectors, services
+from tenants.access import Perm
 
 
 class ReplicaOutputSerializer(serializers.Serializer[Any]):
@@ -225,3 +226,17 @@ class RouteClearApi(APIView):
             if not services.model_route_clear(name=name, actor=request_user(request)):
                 raise NotFound(f"No route named {name!r}.")
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TenantCachePurgeApi(APIView):
+    """Every answer in a tenant's response cache gone (docs/cache.md): for the tenant's
+    owners and admins, not only the platform's staff."""
+
+    class OutputSerializer(serializers.Serializer[Any]):
+        purged = serializers.IntegerField(help_text="Answers the cache held.")
+
+    @extend_schema(request=None, responses=OutputSerializer)
+    def post(self, request: Request, slug: str) -> Response:
+        access = tenant_access(request, slug, Perm.CACHE_MANAGE)
+        purged = services.response_cache_purge(tenant=access.tenant, actor=request_user(request))
+        return Response({"purged": purged})

@@ -36,10 +36,11 @@ from fleet.models import (
 )
 from inference.catalog import adapters_held_key, catalog_publish, pool_prefix
 from inference.engine_auth import engine_auth_headers
+from inference.gateway import cache
 from inference.gateway.admission import adapter_in_use
 from inference.gateway.lora import RECONCILE
 from inference.selectors import replica_in_flight, replicas_in_flight
-from tenants.models import User
+from tenants.models import Tenant, User
 from tenants.services import audit_record
 
 log = logging.getLogger(__name__)
@@ -735,3 +736,12 @@ def _route_errors(name: str, targets: list[tuple[str, int]]) -> list[str]:
         elif models[target] != Model.Task.GENERATE:
             errors.append(f"{target}: a classification model cannot answer completions.")
     return errors
+
+
+def response_cache_purge(*, tenant: Tenant, actor: User | None) -> int:
+    """Every answer in the tenant's response cache gone at once; how many there were."""
+    purged = int(redis_sync().eval(cache.PURGE.source, 1, cache.prefix(tenant.pk)))
+    audit_record(
+        actor=actor, tenant=tenant, action="cache.purge", target=tenant, details={"purged": purged}
+    )
+    return purged

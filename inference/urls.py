@@ -5,6 +5,11 @@ from inference import apis
 app_name = "inference"
 
 urlpatterns = [
+    path(
+        "tenants/<slug:slug>/cache/purge/",
+        apis.TenantCachePurgeApi.as_view(),
+        name="tenant-cache-purge",
+    ),
     path("routes/", apis.RouteListApi.as_view(), name="route-list"),
     # A route's name may be an adapter address (<slug>/<name>): a path, not a slug.
     path("routes/<path:name>/set/", apis.RouteSetApi.as_view(), name="route-set"),

@@ -24,6 +24,7 @@ class Perm(StrEnum):
     ADAPTERS_MANAGE = "adapters.manage"  # upload and delete LoRA adapters
     BATCHES_MANAGE = "batches.manage"  # see batches' results, cancel batches
     MODERATION_MANAGE = "moderation.manage"  # the moderation policy
+    CACHE_MANAGE = "cache.manage"  # the response cache: on or off, its TTL, a purge
     PLATFORM = "platform"  # tenant status, weight and tenant limits: operators only
 
 
@@ -40,6 +41,7 @@ ROLE_PERMS: dict[str, frozenset[Perm]] = {
             Perm.ADAPTERS_MANAGE,
             Perm.BATCHES_MANAGE,
             Perm.MODERATION_MANAGE,
+            Perm.CACHE_MANAGE,
         }
     ),
     Role.ADMIN: frozenset(
@@ -54,6 +56,7 @@ ROLE_PERMS: dict[str, frozenset[Perm]] = {
             Perm.ADAPTERS_MANAGE,
             Perm.BATCHES_MANAGE,
             Perm.MODERATION_MANAGE,
+            Perm.CACHE_MANAGE,
         }
     ),
     Role.DEVELOPER: frozenset(

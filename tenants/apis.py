@@ -224,6 +224,42 @@ class TenantLimitsUpdateApi(APIView):
         return Response(TenantLimitsOutputSerializer(tenant).data)
 
 
+class TenantCacheOutputSerializer(serializers.Serializer[Any]):
+    mode = serializers.CharField(
+        source="response_cache", help_text="off, or exact: a repeated request gets the answer"
+    )
+    ttl_seconds = serializers.IntegerField(source="response_cache_ttl_seconds")
+
+
+class TenantCacheApi(APIView):
+    """The tenant's response cache (docs/cache.md): whether it is on, and for how long an
+    answer is served."""
+
+    @extend_schema(responses=TenantCacheOutputSerializer)
+    def get(self, request: Request, slug: str) -> Response:
+        tenant = tenant_access(request, slug).tenant
+        return Response(TenantCacheOutputSerializer(tenant).data)
+
+
+class TenantCacheUpdateApi(APIView):
+    class InputSerializer(serializers.Serializer[Any]):
+        mode = serializers.ChoiceField(choices=Tenant.Cache.choices, required=False)
+        ttl_seconds = serializers.IntegerField(min_value=60, max_value=30 * 86400, required=False)
+
+    @extend_schema(request=InputSerializer, responses=TenantCacheOutputSerializer)
+    def post(self, request: Request, slug: str) -> Response:
+        access = tenant_access(request, slug, Perm.CACHE_MANAGE)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = services.tenant_cache_update(
+            tenant=access.tenant,
+            actor=request_user(request),
+            mode=data.validated_data.get("mode"),
+            ttl_seconds=data.validated_data.get("ttl_seconds"),
+        )
+        return Response(TenantCacheOutputSerializer(tenant).data)
+
+
 # --- Members -------------------------------------------------------------------------------
 
 
@@ -396,6 +432,7 @@ class ApiKeyOutputSerializer(serializers.ModelSerializer[ApiKey]):
             "last_used_at",
             "limits",
             "effective_limits",
+            "use_response_cache",
         ]
 
     def get_effective_limits(self, obj: ApiKey) -> dict[str, Any]:
@@ -509,6 +546,26 @@ class ApiKeyLimitsUpdateApi(APIView):
         data.is_valid(raise_exception=True)
         key = services.api_key_limits_update(
             api_key=key, actor=request_user(request), limits=data.to_limits()
+        )
+        return Response(ApiKeyOutputSerializer(key).data)
+
+
+class ApiKeyCacheUpdateApi(APIView):
+    """Whether the key's requests use the tenant's response cache (docs/cache.md)."""
+
+    class InputSerializer(serializers.Serializer[Any]):
+        use_response_cache = serializers.BooleanField()
+
+    @extend_schema(request=InputSerializer, responses=ApiKeyOutputSerializer)
+    def post(self, request: Request, slug: str, key_id: int) -> Response:
+        access = tenant_access(request, slug, Perm.CACHE_MANAGE)
+        key = selectors.api_key_get(tenant=access.tenant, key_id=key_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = services.api_key_cache_update(
+            api_key=key,
+            actor=request_user(request),
+            enabled=data.validated_data["use_response_cache"],
         )
         return Response(ApiKeyOutputSerializer(key).data)
 

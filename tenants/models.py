@@ -104,6 +104,19 @@ class Tenant(LimitFields):
         "Tokens of batches waiting or running at once (estimated when a batch is validated).",
         big=True,
     )
+
+    # The response cache (docs/cache.md): off unless the tenant turns it on; its entries are
+    # the tenant's own, kept this long.
+    class Cache(models.TextChoices):
+        OFF = "off", "Off"
+        EXACT = "exact", "Exact: a repeated request gets the stored answer"
+
+    response_cache = models.CharField(max_length=8, choices=Cache.choices, default=Cache.OFF)
+    response_cache_ttl_seconds = models.PositiveIntegerField(
+        default=3600,
+        validators=[MinValueValidator(60), MaxValueValidator(30 * 86400)],
+        help_text="How long a cached answer is served (60 s to 30 days).",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -206,6 +219,8 @@ class ApiKey(LimitFields):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # A key can keep its requests out of its tenant's response cache (docs/cache.md).
+    use_response_cache = models.BooleanField(default=True)
     rotated_from = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="rotated_to"
     )

@@ -112,6 +112,28 @@ def tenant_create(
     return tenant
 
 
+def _tenant_save(
+    tenant: Tenant, *, actor: User | None, action: str, changes: dict[str, Any]
+) -> Tenant:
+    """A changed tenant checked, saved, audited and dropped from the gateway's key caches."""
+    if changes:
+        tenant.full_clean()
+        tenant.save()
+        audit_record(actor=actor, tenant=tenant, action=action, target=tenant, details=changes)
+        _tenant_changed(tenant)
+    return tenant
+
+
+def _set_given(tenant: Tenant, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Set the fields given (None: left alone); {name: [old, new]} for those that changed."""
+    changes: dict[str, Any] = {}
+    for field, value in values.items():
+        if value is not None and getattr(tenant, field) != value:
+            changes[field] = [getattr(tenant, field), value]
+            setattr(tenant, field, value)
+    return changes
+
+
 @transaction.atomic
 def tenant_update(
     *,
@@ -121,19 +143,8 @@ def tenant_update(
     status: str | None = None,
     weight: int | None = None,
 ) -> Tenant:
-    changes: dict[str, Any] = {}
-    for field, value in (("name", name), ("status", status), ("weight", weight)):
-        if value is not None and getattr(tenant, field) != value:
-            changes[field] = [getattr(tenant, field), value]
-            setattr(tenant, field, value)
-    if changes:
-        tenant.full_clean()
-        tenant.save()
-        audit_record(
-            actor=actor, tenant=tenant, action="tenant.update", target=tenant, details=changes
-        )
-        _tenant_changed(tenant)
-    return tenant
+    changes = _set_given(tenant, {"name": name, "status": status, "weight": weight})
+    return _tenant_save(tenant, actor=actor, action="tenant.update", changes=changes)
 
 
 @transaction.atomic
@@ -141,14 +152,19 @@ def tenant_limits_update(
     *, tenant: Tenant, actor: User | None, limits: Mapping[str, int | None]
 ) -> Tenant:
     changes = _apply_limits(tenant, limits)
-    if changes:
-        tenant.full_clean()
-        tenant.save()
-        audit_record(
-            actor=actor, tenant=tenant, action="tenant.limits", target=tenant, details=changes
-        )
-        _tenant_changed(tenant)
-    return tenant
+    return _tenant_save(tenant, actor=actor, action="tenant.limits", changes=changes)
+
+
+@transaction.atomic
+def tenant_cache_update(
+    *, tenant: Tenant, actor: User | None, mode: str | None = None, ttl_seconds: int | None = None
+) -> Tenant:
+    """The tenant's response cache: on (``exact``) or ``off``, and how long an answer is kept.
+    Every key of the tenant carries the policy to the gateway (dropped from its caches here)."""
+    changes = _set_given(
+        tenant, {"response_cache": mode, "response_cache_ttl_seconds": ttl_seconds}
+    )
+    return _tenant_save(tenant, actor=actor, action="tenant.cache", changes=changes)
 
 
 # --- Members ---------------------------------------------------------------------------------
@@ -482,6 +498,9 @@ def api_key_rotate(
         limits=api_key.limits(),
         rotated_from=api_key,
     )
+    if not api_key.use_response_cache:  # the new key keeps the old one's choice
+        issued.api_key.use_response_cache = False
+        issued.api_key.save(update_fields=["use_response_cache"])
     old_expiry = api_key.expires_at
     new_expiry = timezone.now() + timedelta(seconds=grace)
     if old_expiry is None or new_expiry < old_expiry:
@@ -517,6 +536,23 @@ def api_key_limits_update(
             target=api_key,
             details=changes,
         )
+        _key_changed(api_key)
+    return api_key
+
+
+@transaction.atomic
+def api_key_cache_update(*, api_key: ApiKey, actor: User | None, enabled: bool) -> ApiKey:
+    """Whether the key's requests use its tenant's response cache (when the tenant has one)."""
+    if api_key.use_response_cache != enabled:
+        audit_record(
+            actor=actor,
+            tenant=api_key.tenant,
+            action="api_key.cache",
+            target=api_key,
+            details={"use_response_cache": [api_key.use_response_cache, enabled]},
+        )
+        api_key.use_response_cache = enabled
+        api_key.save(update_fields=["use_response_cache"])
         _key_changed(api_key)
     return api_key
 

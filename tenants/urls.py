@@ -16,6 +16,12 @@ urlpatterns = [
         apis.TenantLimitsUpdateApi.as_view(),
         name="tenant-limits-update",
     ),
+    path("tenants/<slug:slug>/cache/", apis.TenantCacheApi.as_view(), name="tenant-cache"),
+    path(
+        "tenants/<slug:slug>/cache/update/",
+        apis.TenantCacheUpdateApi.as_view(),
+        name="tenant-cache-update",
+    ),
     path("tenants/<slug:slug>/members/", apis.MemberListApi.as_view(), name="member-list"),
     path(
         "tenants/<slug:slug>/members/<int:membership_id>/update/",
@@ -62,6 +68,11 @@ urlpatterns = [
         "tenants/<slug:slug>/keys/<int:key_id>/limits/update/",
         apis.ApiKeyLimitsUpdateApi.as_view(),
         name="key-limits-update",
+    ),
+    path(
+        "tenants/<slug:slug>/keys/<int:key_id>/cache/update/",
+        apis.ApiKeyCacheUpdateApi.as_view(),
+        name="key-cache-update",
     ),
     path("tenants/<slug:slug>/audit/", apis.AuditEventListApi.as_view(), name="audit-list"),
 ]

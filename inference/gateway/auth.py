@@ -43,6 +43,9 @@ class KeyInfo:
     # In LimitFields.LIMIT_NAMES order; 0 means unlimited.
     tenant_limits: tuple[int, ...]
     key_limits: tuple[int, ...]
+    # The tenant's response cache: (``off`` | ``exact`` | ``key-off``: the tenant has one,
+    # this key stays out of it; its TTL in seconds).
+    cache: tuple[str, int] = ("off", 0)
 
     def limit(self, name: str) -> int:
         """The effective value of one limit (the tighter of key and tenant), 0 = none."""
@@ -62,14 +65,27 @@ class KeyInfo:
                 self.expires_at,
                 list(self.tenant_limits),
                 list(self.key_limits),
+                list(self.cache),
             ]
         )
 
     @classmethod
     def from_json(cls, raw: bytes) -> KeyInfo:
         v = orjson.loads(raw)
+        # An entry written before the cache existed has none (it expires within minutes).
+        cache = (str(v[10][0]), int(v[10][1])) if len(v) > 10 else ("off", 0)
         return cls(
-            v[0], v[1], v[2], v[3], v[4], v[5], frozenset(v[6]), v[7], tuple(v[8]), tuple(v[9])
+            v[0],
+            v[1],
+            v[2],
+            v[3],
+            v[4],
+            v[5],
+            frozenset(v[6]),
+            v[7],
+            tuple(v[8]),
+            tuple(v[9]),
+            cache,
         )
 
 
@@ -98,6 +114,13 @@ def key_info_from_db(prefix: str) -> KeyInfo | None:
         expires_at=key.expires_at.timestamp() if key.expires_at else None,
         tenant_limits=_limits(key.tenant),
         key_limits=_limits(key),
+        cache=(
+            # A key kept out of its tenant's cache bypasses it (``cache.ticket``).
+            key.tenant.response_cache
+            if key.use_response_cache or key.tenant.response_cache == "off"
+            else "key-off",
+            key.tenant.response_cache_ttl_seconds,
+        ),
     )
 
 

@@ -17,6 +17,7 @@ from contract import (
 )
 from inference.gateway import limits
 from inference.gateway.auth import KeyInfo
+from inference.gateway.cache import Ticket
 from inference.gateway.schema import (
     ParsedRequest,
 )
@@ -130,6 +131,8 @@ class Call:
     # Work done for the call beside its engine (its guard's checks), as (tokens, their cost):
     # counted toward its limits and budgets when it is settled; billed on records of its own.
     beside: tuple[int, int] = (0, 0)
+    # Its dealings with the tenant's response cache (``cache.Ticket``); None: no cache.
+    cache: Ticket | None = None
 
     def _move(self, to: State) -> None:
         if to not in _NEXT[self.state]:

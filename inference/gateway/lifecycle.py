@@ -30,11 +30,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from contract import UsageRecord
-from inference.gateway import responses
+from inference.gateway import cache, responses
 from inference.gateway.auth import KeyInfo
 from inference.gateway.call import Call, MidStreamError, State
 from inference.gateway.errors import ApiError, overloaded
@@ -67,7 +68,13 @@ class Lifecycle:
         tokens: dict[int, int] | None = None,
     ) -> None:
         self.call = call
-        self.relay = Relay(call, tokens)
+        # An answer from the tenant's response cache takes the engine's place.
+        ticket = call.cache
+        self.relay: Relay | cache.Replay = (
+            cache.Replay(call, ticket.entry)
+            if ticket is not None and ticket.entry is not None
+            else Relay(call, tokens)
+        )
         self.output_filter = output_filter
         self.input_check = input_check
         self.guard: RequestGuard | None = None  # the tenant's moderation, when it has one
@@ -88,6 +95,7 @@ class Lifecycle:
         whole: bool = False,
         rid: str = "",
         surface: str = "",
+        asked: cache.Directives | None = None,
     ) -> Lifecycle:
         """``pool``: the pool to run on (by name) instead of the model's online pool;
         ``mode`` and ``ledger``: how the call is billed and where its record goes;
@@ -95,7 +103,8 @@ class Lifecycle:
         way to read the answer, and no output filter applies); ``rid``: the request id the
         transport gave the request already (``controlplane.logs``), else a new one;
         ``surface``: the public endpoint when it is not ``endpoint`` (``/v1/responses`` runs
-        as a chat completion), for the ledger and the metrics."""
+        as a chat completion), for the ledger and the metrics; ``asked``: what the request's
+        headers ask of the tenant's response cache."""
         if whole and (output_filter is not None or input_check is not None):
             raise ValueError("a filter or check that can stop the answer needs its stream")
         # The tenant's moderation, unless the caller brought seams of its own.
@@ -133,6 +142,7 @@ class Lifecycle:
             rid=rid,
             screen=screen,
             surface=surface,
+            asked=asked,
         )
         life = cls(call, output_filter=output_filter, input_check=input_check, tokens=tokens)
         if not guards:
@@ -188,18 +198,48 @@ class Lifecycle:
 
     def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]:
         """The answer's batches of chunks; through the output filter if there is one (and
-        straight from the relay, at no cost, if not)."""
+        straight from the relay, at no cost, if not). An answer the response cache will keep
+        is recorded as the engine made it: a hit is screened by the policy of its day."""
+        source = self.relay.__aiter__()
+        ticket = self.call.cache
+        if ticket is not None and ticket.recording:
+            source = self._recorded(source, ticket)
         if self.output_filter is None:
-            return self.relay.__aiter__()
-        return self._screened(self.output_filter)
+            return source
+        return self._screened(self.output_filter, source)
 
-    async def _screened(self, screen: OutputFilter) -> AsyncGenerator[list[dict[str, Any]]]:
+    async def _recorded(
+        self, source: AsyncGenerator[list[dict[str, Any]]], ticket: cache.Ticket
+    ) -> AsyncGenerator[list[dict[str, Any]]]:
+        call = self.call
+        whole: responses.Whole | None = responses.Whole(
+            chat=call.parsed.endpoint == "chat.completions",
+            limit=settings.INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES,
+        )
+        try:
+            async for batch in source:
+                if whole is not None:
+                    try:
+                        for chunk in batch:
+                            whole.add(chunk)
+                    except responses.ResponseTooLarge:
+                        whole = None  # too large to keep: relayed all the same
+                yield batch
+        finally:
+            await source.aclose()
+        if whole is not None and call.state is State.DONE:
+            cache.keep(
+                ticket, whole.result(model="", fallback_id="", created=0, usage=call.usage())
+            )
+
+    async def _screened(
+        self, screen: OutputFilter, relayed: AsyncGenerator[list[dict[str, Any]]]
+    ) -> AsyncGenerator[list[dict[str, Any]]]:
         call = self.call
         parsed = call.parsed
         finished: set[int] = set()
         head: tuple[str, int] | None = None  # the answer's id and creation time
         verdict = Screened([])
-        relayed = self.relay.__aiter__()
         try:
             async for batch in relayed:
                 if head is None and batch:
@@ -272,7 +312,7 @@ class Lifecycle:
             model=call.parsed.model,
             fallback_id=f"cmpl-{call.rid}",
             created=int(call.started_at.timestamp()),
-            usage=call.usage(),
+            usage=self.relay.usage(),
         )
 
     async def __aenter__(self) -> Lifecycle:

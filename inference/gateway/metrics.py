@@ -56,7 +56,8 @@ NONE = "none"  # no tenant (the key was not accepted)
 REQUESTS = Counter(
     "inferplane_requests",
     "Completion requests the gateway ran and metered, by the ledger's status "
-    "(ok, error, cut_off, content_filter): each is one row of the usage ledger. route and "
+    "(ok, error, cut_off, content_filter, cache_hit: answered from the tenant's response "
+    "cache, docs/cache.md): each is one row of the usage ledger. route and "
     "target: the routed name asked for and the target that served it (a canary; the "
     "target is a model's name or an adapter's version, v<N>), empty when not routed.",
     ["pool", "model", "endpoint", "status", "tenant", "route", "target"],
@@ -188,6 +189,8 @@ def request_settled(
     if cost_micros:
         COST.labels(pool, model, tenant).inc(cost_micros / 1_000_000)
     exemplar = {"request_id": record.request_id}
+    if record.status == "cache_hit":  # the pool did nothing: its latencies are not this
+        return
     if record.ttft_ms is not None:
         TTFT.labels(pool, model, tenant).observe(record.ttft_ms / 1000, exemplar)
     E2E.labels(pool, model, endpoint).observe(seconds, exemplar)

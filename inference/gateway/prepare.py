@@ -24,7 +24,7 @@ from contract import (
     price_in_force,
 )
 from controlplane.logs import request_id_new, request_id_var
-from inference.gateway import limits, metrics
+from inference.gateway import cache, limits, metrics
 from inference.gateway.admission import CatalogMissing, admission
 from inference.gateway.auth import KeyInfo
 from inference.gateway.call import Adapter, Call, Route, State
@@ -121,11 +121,14 @@ async def prepare(
     rid: str = "",
     screen: Screen | None = None,
     surface: str = "",
+    asked: cache.Directives | None = None,
 ) -> Call:
     """Everything before the engine, for a request whose key was authenticated; on the
     model's online pool, or on ``pool`` (by name) when given. ``mode``, ``ledger`` and
     ``whole``: see ``Call``; ``rid``: the request's id, if the transport made it already;
-    ``surface``: the public endpoint, when the request runs as another (``ParsedRequest``).
+    ``surface``: the public endpoint, when the request runs as another (``ParsedRequest``);
+    ``asked``: what the request's headers ask of the response cache (``cache.Directives``).
+    An answer the cache holds takes no replica: the call comes back with a ``hit`` ticket.
 
     ``screen`` runs once the limits are taken (a refused request still counts toward the
     key's request rate) and before admission: what it refuses never waits for a replica.
@@ -171,6 +174,10 @@ async def prepare(
     body = upstream_body(
         parsed, served_name=served_name, max_tokens=max_tokens, cache_salt=salt, whole=whole
     )
+    # What a cached answer must have been made by: the adapter's version, or the base
+    # model as the engines serve it (a model made again under the name is another).
+    version = f"{found.name}|{served_name}|{model.created}"
+    ticket = cache.ticket(key, parsed, version=version, asked=asked, mode=mode)
     completion_estimate = (
         0 if prefill_only else parsed.sequences * (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
     )
@@ -192,9 +199,11 @@ async def prepare(
     try:
         if screen is not None:
             refusal = await screen(rid, parsed)
+        if refusal is None and ticket is not None and ticket.read:
+            await _look_up(ticket)
         replica = (
-            ""  # refused: never admitted, never sent
-            if refusal is not None
+            ""  # refused, or answered from the cache: never admitted, never sent
+            if refusal is not None or (ticket is not None and ticket.hit)
             else await _admit(
                 view,
                 pool_name,
@@ -233,7 +242,11 @@ async def prepare(
         body=body,
         started_at=started_at,
         t0=t0,
-        headers=[(b"x-request-id", rid.encode()), *grant.headers],
+        headers=[
+            (b"x-request-id", rid.encode()),
+            *grant.headers,
+            *(ticket.headers() if ticket is not None else ()),
+        ],
         rates=rates,
         base_model=found.base,
         adapter=adapter,
@@ -241,6 +254,7 @@ async def prepare(
         mode=mode,
         ledger=ledger,
         whole=whole,
+        cache=ticket,
     )
     if refusal is not None:
         call.fail(refusal, outcome=State.FILTERED)
@@ -306,6 +320,15 @@ async def _admit(
             log.warning("admission unavailable", exc_info=True)
             break
     raise overloaded(2, "Admission is unavailable for a moment. Retry shortly.")
+
+
+async def _look_up(ticket: cache.Ticket) -> None:
+    """A miss when Redis cannot say: the engine answers, as without a cache."""
+    try:
+        await cache.lookup(ticket)
+    except RedisError:
+        log.warning("response cache unavailable", exc_info=True)
+        ticket.outcome, ticket.reason, ticket.store = "bypass", "unavailable", False
 
 
 async def _give_back(pool: str, rid: str, grant: limits.Grant) -> None:

@@ -107,6 +107,10 @@ class Relay:
         self.answer: dict[str, Any] | None = None  # a whole answer (``Call.whole``)
         self.watchdog: _Watchdog | None = None  # while the stream is relayed
 
+    def usage(self) -> dict[str, Any]:
+        """The answer's usage: the engine's counts."""
+        return self.call.usage()
+
     async def start(self) -> None:
         """Connect and wait for the engine's first event, failing over between replicas."""
         call = self.call

@@ -14,7 +14,7 @@ from billing.pricing import price_of
 from contract import (
     UsageRecord,
 )
-from inference.gateway import lora, metering, metrics
+from inference.gateway import cache, lora, metering, metrics
 from inference.gateway.admission import W_IN, W_OUT, admission
 from inference.gateway.call import Call
 from inference.gateway.lua import Batch
@@ -28,6 +28,9 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
     status = call.settle(cancelled=cancelled)
     if status is None:
         return
+    ticket = call.cache
+    if status == "ok" and ticket is not None and ticket.hit:
+        status = "cache_hit"  # no engine tokens: billed as a hit (docs/cache.md)
     parsed = call.parsed
     adjustment = W_IN * (call.counts.prompt - parsed.prompt_estimate) + W_OUT * (
         call.counts.completion - call.counts.progressed
@@ -82,6 +85,8 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
                 call.rid,
             )
         call.grant.release_into(pipe, tokens + call.beside[0], cost + call.beside[1])
+        if status == "ok" and ticket is not None and ticket.kept:
+            cache.store_into(pipe, ticket)
         if call.ledger is None:
             metering.spool_into(pipe, record)
             metrics.spark_into(pipe, record, queue_wait=call.queue_wait, now=time.time())

@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 
 from contract import Servable
 from controlplane.logs import request_id_new
-from inference.gateway import metrics
+from inference.gateway import cache, metrics
 from inference.gateway.auth import KeyInfo, authenticate, bearer_token
 from inference.gateway.call import MidStreamError
 from inference.gateway.catalog import catalog_view
@@ -221,7 +221,13 @@ class CompletionConsumer(GatewayHttpConsumer):
 
     async def handle_request(self, body: bytes) -> None:
         life = await Lifecycle.begin(
-            key=self.checked_key, raw_body=body, endpoint=self.endpoint, rid=self.rid
+            key=self.checked_key,
+            raw_body=body,
+            endpoint=self.endpoint,
+            rid=self.rid,
+            asked=cache.directives(
+                self.header(b"cache-control"), self.header(b"x-inferplane-cache")
+            ),
         )
         self.ran = True
         async with life:

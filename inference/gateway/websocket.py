@@ -210,9 +210,11 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
                 {
                     "type": "done",
                     "id": rid,
-                    "usage": call.usage(),
+                    "usage": life.relay.usage(),
                     "request_id": call.rid,
                     "ttft_ms": call.counts.ttft_ms,
                     "duration_ms": int((time.perf_counter() - started) * 1000),
+                    # hit, miss or bypass, where the tenant has a response cache
+                    **({"cache": call.cache.outcome} if call.cache is not None else {}),
                 }
             )

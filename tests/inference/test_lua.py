@@ -4,7 +4,7 @@ loading them and running again exactly what failed — never a command twice."""
 
 from __future__ import annotations
 
-from inference.gateway import admission, limits, lora
+from inference.gateway import admission, cache, limits, lora
 from inference.gateway.lua import LUA_DIR, Batch, Script
 from inference.gateway.redis import redis_async
 
@@ -12,7 +12,7 @@ from inference.gateway.redis import redis_async
 def test_every_script_file_is_used_and_has_the_shared_clock() -> None:
     scripts = [
         v
-        for module in (admission, limits, lora)
+        for module in (admission, cache, limits, lora)
         for v in vars(module).values()
         if isinstance(v, Script)
     ]

@@ -57,6 +57,8 @@ MATRIX: list[tuple[str, str, str, dict[str, Any], list[int]]] = [
     ("post", "tenant-update", "", {"name": "Acme 2"}, [403, 403, 403, 403, 403, 404, 200]),
     ("get", "tenant-limits", "", {}, [200, 200, 200, 200, 200, 404, 200]),
     ("post", "tenant-limits-update", "", {"rpm": 9}, [403, 403, 403, 403, 403, 404, 200]),
+    ("get", "tenant-cache", "", {}, [200, 200, 200, 200, 200, 404, 200]),
+    ("post", "tenant-cache-update", "", {"mode": "exact"}, [200, 200, 403, 403, 403, 404, 200]),
     ("get", "member-list", "", {}, [200, 200, 200, 200, 200, 404, 200]),
     ("get", "invitation-list", "", {}, [200, 200, 403, 403, 403, 404, 200]),
     ("post", "invitation-create", "", {"role": "viewer"}, [201, 201, 403, 403, 403, 404, 201]),
@@ -69,6 +71,13 @@ MATRIX: list[tuple[str, str, str, dict[str, Any], list[int]]] = [
     ("post", "key-revoke", "key", {}, [200, 200, 403, 403, 403, 404, 200]),
     ("post", "key-rotate", "key", {}, [201, 201, 403, 403, 403, 404, 201]),
     ("post", "key-limits-update", "key", {"rpm": 5}, [200, 200, 403, 403, 403, 404, 200]),
+    (
+        "post",
+        "key-cache-update",
+        "key",
+        {"use_response_cache": False},
+        [200, 200, 403, 403, 403, 404, 200],
+    ),
     ("get", "audit-list", "", {}, [200, 200, 403, 403, 403, 404, 200]),
 ]
 

@@ -1,0 +1,286 @@
+"""The response cache: a tenant's repeated request answered from its own stored answer,
+without the engine (docs/cache.md).
+
+A request is looked up by a hash of the tenant (from its key, never from anything the client
+sends), the resolved model's version (an adapter's version; a base model's name, engine name
+and creation), the endpoint and the whole request as sent, but for how it is carried (stream,
+stream_options). What cannot be answered from a store is passed by (``bypass``, with why): a
+sampled request unless the caller opts in (``X-Inferplane-Cache: sampled``; never with n > 1),
+logprobs, images, audio or files, embeddings, the Responses API and batch lines. An answer is
+kept only when it ended as asked (``stop``, ``tool_calls``, or ``length`` under a max_tokens the
+caller set) and passed its moderation; a hit is replayed in the caller's shape through the
+tenant's moderation as it is now, and billed as a hit (no engine tokens).
+
+Entries live in Redis under the tenant's own hash tag (``ip:rc:{t:<tenant>}:``), at most
+``INFERPLANE_RESPONSE_CACHE_MAX_ENTRIES`` and ``..._MAX_BYTES`` per tenant, the least recently
+used evicted first, each for the tenant's TTL (``lua/cache/``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from django.conf import settings
+
+from inference.gateway.auth import KeyInfo
+from inference.gateway.lua import Batch, Script
+from inference.gateway.schema import PREFILL_ONLY, ParsedRequest
+
+if TYPE_CHECKING:  # the call carries its ticket (``Call.cache``)
+    from inference.gateway.call import Call
+
+LOOKUP = Script("cache", "lookup")
+STORE = Script("cache", "store")
+PURGE = Script("cache", "purge")
+
+# How a request is carried, not what it asks: a streamed and a whole request share an answer.
+CARRIAGE = ("stream", "stream_options")
+# How an answer may end to be kept: as the model finished it (``length`` only when the
+# caller set the limit it reached).
+KEPT_ENDINGS = frozenset({"stop", "tool_calls"})
+# A replayed stream's text, a word to an event: about a token each, as the engine streamed
+# it (the moderation's windows count a stream's events as tokens at least).
+WORDS_PER_CHUNK = 1
+
+
+def prefix(tenant_id: int) -> str:
+    return f"ip:rc:{{t:{tenant_id}}}:"
+
+
+@dataclass(frozen=True, slots=True)
+class Directives:
+    """What the request's headers ask of the cache: ``Cache-Control: no-cache`` (do not
+    answer from it; keep the new answer), ``no-store`` (neither), ``X-Inferplane-Cache:
+    sampled`` (a sampled request may be answered from it, and kept)."""
+
+    read: bool = True
+    store: bool = True
+    sampled: bool = False
+
+
+def directives(cache_control: bytes | None, asked: bytes | None) -> Directives:
+    given = {part.strip().lower() for part in (cache_control or b"").decode("latin-1").split(",")}
+    store = "no-store" not in given
+    return Directives(
+        read=store and "no-cache" not in given,
+        store=store,
+        sampled=(asked or b"").strip().lower() == b"sampled",
+    )
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One request's dealings with the cache: the outcome its headers say (``hit``,
+    ``miss``, ``bypass`` and why), the stored answer on a hit, the answer to keep on a miss."""
+
+    tenant_id: int
+    digest: str
+    ttl_ms: int
+    outcome: str  # "miss" until a lookup hits; "bypass" when it cannot be cached
+    reason: str = ""
+    read: bool = True
+    store: bool = True
+    limit_asked: bool = False  # the caller set max_tokens: an answer it cut is as asked
+    entry: dict[str, Any] | None = None  # on a hit: {"choices": [...], "usage": {...}}
+    kept: bytes = b""  # on a miss: the answer to store when the call settles well
+
+    @property
+    def hit(self) -> bool:
+        return self.outcome == "hit"
+
+    @property
+    def recording(self) -> bool:
+        return self.outcome == "miss" and self.store
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [(b"x-inferplane-cache", self.outcome.encode())]
+        if self.reason:
+            headers.append((b"x-inferplane-cache-reason", self.reason.encode()))
+        return headers
+
+
+def _bypass_reason(parsed: ParsedRequest, asked: Directives, mode: str, policy: str) -> str:
+    body = parsed.body
+    if policy == "key-off":
+        return "key"
+    if mode == "batch":
+        return "batch"
+    if parsed.endpoint in PREFILL_ONLY or parsed.surface:
+        return "endpoint"
+    if not asked.store:
+        return "no-store"
+    if body.get("logprobs") or body.get("top_logprobs"):
+        return "logprobs"
+    for message in body.get("messages") or ():
+        content = message.get("content")
+        if isinstance(content, list) and any(
+            isinstance(part, dict) and part.get("type") not in ("text", "refusal")
+            for part in content
+        ):
+            return "multimodal"
+    temperature = body.get("temperature")
+    top_p = body.get("top_p")
+    sampled = temperature is None or temperature > 0 or (top_p is not None and top_p < 1)
+    if sampled and not asked.sampled:
+        return "sampled"
+    if sampled and max(body.get("n") or 1, body.get("best_of") or 1) > 1:
+        return "sampled-n"
+    return ""
+
+
+def ticket(
+    key: KeyInfo, parsed: ParsedRequest, *, version: str, asked: Directives | None, mode: str
+) -> Ticket | None:
+    """The request's ticket, or None when its tenant has no cache (no header then)."""
+    policy, ttl_seconds = key.cache
+    if policy not in ("exact", "key-off"):
+        return None
+    asked = asked or Directives()
+    request = {k: v for k, v in parsed.body.items() if k not in CARRIAGE}
+    digest = hashlib.sha256(
+        orjson.dumps(
+            [key.tenant_id, version, parsed.endpoint, request], option=orjson.OPT_SORT_KEYS
+        )
+    ).hexdigest()
+    reason = _bypass_reason(parsed, asked, mode, policy)
+    return Ticket(
+        tenant_id=key.tenant_id,
+        digest=digest,
+        ttl_ms=ttl_seconds * 1000,
+        outcome="bypass" if reason else "miss",
+        reason=reason,
+        read=asked.read and not reason,
+        store=asked.store and not reason,
+        limit_asked=any(
+            parsed.body.get(name) is not None for name in ("max_tokens", "max_completion_tokens")
+        ),
+    )
+
+
+async def lookup(ticket: Ticket) -> None:
+    """A hit turns the ticket's outcome to ``hit`` with the stored answer."""
+    found = await LOOKUP(keys=[prefix(ticket.tenant_id)], args=[ticket.digest])
+    if found:
+        ticket.entry = orjson.loads(found)
+        ticket.outcome = "hit"
+
+
+def keep(ticket: Ticket, answer: dict[str, Any]) -> None:
+    """The complete answer of a miss, kept for the settle if it ended as asked and fits."""
+    endings = KEPT_ENDINGS | ({"length"} if ticket.limit_asked else frozenset())
+    if not all(choice.get("finish_reason") in endings for choice in answer["choices"]):
+        return
+    data = orjson.dumps({"choices": answer["choices"], "usage": answer.get("usage")})
+    if len(data) <= settings.INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES:
+        ticket.kept = data
+
+
+def store_into(pipe: Batch, ticket: Ticket) -> None:
+    pipe.script(
+        STORE,
+        [prefix(ticket.tenant_id)],
+        [
+            ticket.digest,
+            ticket.kept,
+            ticket.ttl_ms,
+            settings.INFERPLANE_RESPONSE_CACHE_MAX_ENTRIES,
+            settings.INFERPLANE_RESPONSE_CACHE_MAX_BYTES,
+        ],
+    )
+
+
+_WORDS = re.compile(r"\s*\S+\s*")
+
+
+def _pieces(text: str) -> list[str]:
+    """A text in the pieces a stream would have brought it in."""
+    words = _WORDS.findall(text) or [text]
+    return ["".join(words[i : i + WORDS_PER_CHUNK]) for i in range(0, len(words), WORDS_PER_CHUNK)]
+
+
+def replay_chunks(
+    entry: dict[str, Any], *, chat: bool, rid: str, created: int, model: str, null_usage: bool
+) -> list[dict[str, Any]]:
+    """A stored answer as the chunks of a stream (the final usage chunk is the caller's)."""
+    head: dict[str, Any] = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+    }
+    tail = {"usage": None} if null_usage else {}
+    chunks: list[dict[str, Any]] = []
+
+    def chunk(index: int, finish: str | None = None, **part: Any) -> None:
+        choice: dict[str, Any] = {"index": index, **part, "logprobs": None, "finish_reason": finish}
+        chunks.append({**head, "choices": [choice], **tail})
+
+    for stored in entry["choices"]:
+        index = stored.get("index", 0)
+        ending = {"stop_reason": stored["stop_reason"]} if "stop_reason" in stored else {}
+        if not chat:
+            for piece in _pieces(stored.get("text") or ""):
+                chunk(index, text=piece)
+            chunk(index, stored.get("finish_reason"), text="", **ending)
+            continue
+        message = stored.get("message") or {}
+        chunk(index, delta={"role": "assistant", "content": ""})
+        for name in ("reasoning_content", "reasoning", "content"):
+            for piece in _pieces(message.get(name) or "") if message.get(name) else ():
+                chunk(index, delta={name: piece})
+        for position, call in enumerate(message.get("tool_calls") or ()):
+            chunk(index, delta={"tool_calls": [{"index": position, **call}]})
+        chunk(index, stored.get("finish_reason"), delta={}, **ending)
+    return chunks
+
+
+class Replay:
+    """The relay's stand-in on a hit: the stored answer, as the chunks a stream of it would
+    have had, with nothing sent to an engine (no replica was taken)."""
+
+    answer: dict[str, Any] | None = None  # never the engine's whole answer
+
+    def __init__(self, call: Call, entry: dict[str, Any]) -> None:
+        self.call = call
+        self.entry = entry
+
+    async def start(self) -> None:
+        call = self.call
+        call.streaming()
+        call.counts.ttft_ms = int((time.perf_counter() - call.t0) * 1000)
+
+    def usage(self) -> dict[str, Any]:
+        """What the answer's usage said when the engine made it (billed: nothing)."""
+        return dict(self.entry.get("usage") or self.call.usage())
+
+    async def __aiter__(self) -> AsyncGenerator[list[dict[str, Any]]]:
+        call = self.call
+        parsed = call.parsed
+        chat = parsed.endpoint == "chat.completions"
+        chunks = replay_chunks(
+            self.entry,
+            chat=chat,
+            rid=call.rid,
+            created=int(call.started_at.timestamp()),
+            model=parsed.model,
+            null_usage=parsed.include_usage and chat,
+        )
+        if parsed.include_usage:
+            chunks.append({**chunks[0], "choices": [], "usage": self.usage()})
+        call.end()
+        yield chunks
+
+    async def drain(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None

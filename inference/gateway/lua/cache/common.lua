@@ -1,0 +1,27 @@
+-- KEYS[1]: the tenant's prefix, ip:rc:{t:<tenant>}: (one slot). Under it:
+--   e:<hash>  string  a stored answer (expires on its own after the tenant's TTL)
+--   idx       zset    hash -> when last used (ms): least recently used first
+--   size      hash    hash -> the answer's bytes
+--   bytes     string  the bytes of all the tenant's answers
+local p = KEYS[1]
+local idx, sizes, total = p .. 'idx', p .. 'size', p .. 'bytes'
+
+local function forget(hash)
+  redis.call('DEL', p .. 'e:' .. hash)
+  redis.call('ZREM', idx, hash)
+  local size = tonumber(redis.call('HGET', sizes, hash) or '0')
+  redis.call('HDEL', sizes, hash)
+  if size > 0 then
+    redis.call('DECRBY', total, size)
+  end
+end
+
+-- When an entry was last used: the clock, or just after the last one used (two uses in one
+-- millisecond keep their order: the least recently used is always the one evicted).
+local function fresh()
+  local top = redis.call('ZRANGE', idx, -1, -1, 'WITHSCORES')
+  if #top > 0 and tonumber(top[2]) >= now then
+    return tonumber(top[2]) + 1
+  end
+  return now
+end

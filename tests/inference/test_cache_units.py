@@ -1,0 +1,213 @@
+"""The response cache's parts that need no engine: what a request's key is made of, what it
+passes by, the replayed stream's shape (OpenAI's chunk schema), and the per-tenant bounds of
+the store in a real Redis."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+from django.test import override_settings
+
+from controlplane.redis import redis_sync
+from inference.gateway import cache
+from inference.gateway.auth import KeyInfo
+from inference.gateway.schema import parse_request
+from tests.contract import STREAMED_COMPLETION, validate
+
+BASE: dict[str, Any] = {
+    "model": "tiny-chat",
+    "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    "temperature": 0,
+    "max_tokens": 8,
+}
+
+
+def _key(tenant: int = 1, policy: str = "exact") -> KeyInfo:
+    return KeyInfo(1, "p", "d", tenant, f"t{tenant}", 1, frozenset(), None, (), (), (policy, 60))
+
+
+def _ticket(
+    body: dict[str, Any] | None = None,
+    *,
+    key: KeyInfo | None = None,
+    asked: cache.Directives | None = None,
+    endpoint: str = "chat.completions",
+    mode: str = "online",
+) -> cache.Ticket:
+    parsed = parse_request(orjson.dumps(body or BASE), endpoint)
+    found = cache.ticket(
+        key or _key(), parsed, version="tiny-chat|tiny-chat|1", asked=asked, mode=mode
+    )
+    assert found is not None
+    return found
+
+
+def test_the_key_is_the_tenant_and_the_whole_request_but_not_how_it_is_carried() -> None:
+    base = _ticket()
+    assert base.outcome == "miss" and base.read and base.store
+    # The same request streamed, or with its fields in another order: the same answer.
+    streamed = _ticket({**BASE, "stream": True, "stream_options": {"include_usage": True}})
+    assert streamed.digest == base.digest
+    assert _ticket(dict(reversed(list(BASE.items())))).digest == base.digest
+    # Another tenant never shares it; anything that changes the answer changes the key.
+    assert _ticket(key=_key(tenant=2)).digest != base.digest
+    system = [{"role": "system", "content": "Be long."}, BASE["messages"][1]]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for changed in (
+        {"messages": system},
+        {"tools": [tool]},
+        {"max_tokens": 9},
+        {"seed": 3},
+        {"stop": ["x"]},
+        {"response_format": {"type": "json_object"}},
+        {"user": "someone"},
+    ):
+        assert _ticket({**BASE, **changed}).digest != base.digest, changed
+    # A tenant without the cache has no ticket: no header, no lookup.
+    parsed = parse_request(orjson.dumps(BASE), "chat.completions")
+    assert cache.ticket(_key(policy="off"), parsed, version="v", asked=None, mode="online") is None
+
+
+@pytest.mark.parametrize(
+    ("change", "asked", "reason"),
+    [
+        ({"temperature": None}, None, "sampled"),
+        ({"temperature": 0.7}, None, "sampled"),
+        ({"top_p": 0.9}, None, "sampled"),
+        ({"temperature": 0.7, "n": 2}, cache.Directives(sampled=True), "sampled-n"),
+        ({"logprobs": True}, None, "logprobs"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "data:,"}}],
+                    }
+                ]
+            },
+            None,
+            "multimodal",
+        ),
+        ({}, cache.Directives(read=False, store=False), "no-store"),
+    ],
+)
+def test_what_the_cache_passes_by(
+    change: dict[str, Any], asked: cache.Directives | None, reason: str
+) -> None:
+    body = {k: v for k, v in {**BASE, **change}.items() if v is not None}
+    ticket = _ticket(body, asked=asked)
+    assert (ticket.outcome, ticket.reason) == ("bypass", reason)
+    assert not ticket.read and not ticket.store
+    assert (b"x-inferplane-cache-reason", reason.encode()) in ticket.headers()
+
+
+def test_a_sampled_request_is_cached_when_the_caller_asks() -> None:
+    ticket = _ticket({**BASE, "temperature": 0.7}, asked=cache.Directives(sampled=True))
+    assert ticket.outcome == "miss" and ticket.store
+
+
+def test_a_key_kept_out_of_its_tenants_cache_passes_it_by() -> None:
+    assert _ticket(key=_key(policy="key-off")).reason == "key"
+
+
+def test_batch_lines_and_embeddings_are_not_cached() -> None:
+    assert _ticket(mode="batch").reason == "batch"
+    embed = {"model": "e", "input": "hi"}
+    assert _ticket(embed, endpoint="embeddings").reason == "endpoint"
+
+
+def test_headers_ask_the_cache() -> None:
+    assert cache.directives(None, None) == cache.Directives()
+    assert cache.directives(b"no-cache", None) == cache.Directives(read=False)
+    assert cache.directives(b"max-age=0, No-Store", None) == cache.Directives(False, False)
+    assert cache.directives(None, b" Sampled ").sampled
+
+
+def test_only_answers_that_ended_as_asked_are_kept() -> None:
+    def kept(finish: str, **body: Any) -> bool:
+        ticket = _ticket({**BASE, **body})
+        cache.keep(ticket, {"choices": [{"index": 0, "finish_reason": finish}], "usage": {}})
+        return bool(ticket.kept)
+
+    assert kept("stop") and kept("tool_calls") and kept("length")
+    # Cut by a limit the caller did not set (the context's end): not what was asked.
+    assert not kept("length", max_tokens=None)
+    assert not kept("content_filter") and not kept("abort")
+    with override_settings(INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES=1024):
+        ticket = _ticket()
+        cache.keep(
+            ticket,
+            {"choices": [{"index": 0, "finish_reason": "stop", "text": "x" * 2000}], "usage": {}},
+        )
+        assert not ticket.kept  # too large to keep
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_a_replayed_stream_has_openais_chunk_shape(chat: bool) -> None:
+    text = " one two three four five six seven eight nine"
+    if chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": None},
+            "finish_reason": "stop",
+        }
+        tool = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        second = {
+            "index": 1,
+            "message": {"role": "assistant", "content": None, "tool_calls": [tool]},
+            "finish_reason": "tool_calls",
+        }
+        entry = {"choices": [choice, second], "usage": {"prompt_tokens": 3}}
+    else:
+        entry = {"choices": [{"index": 0, "text": text, "finish_reason": "length"}]}
+    created = int(datetime.now(UTC).timestamp())
+    chunks = cache.replay_chunks(
+        entry, chat=chat, rid="r1", created=created, model="tiny-chat", null_usage=chat
+    )
+    component = "CreateChatCompletionStreamResponse" if chat else STREAMED_COMPLETION
+    for chunk in chunks:
+        validate(component, chunk)
+    key = "delta" if chat else None
+    texts = [
+        (c["choices"][0][key].get("content") if key else c["choices"][0]["text"]) or ""
+        for c in chunks
+        if c["choices"][0]["index"] == 0
+    ]
+    assert "".join(texts) == text and len([t for t in texts if t]) == 9  # a word an event
+    if chat:
+        calls = [c["choices"][0]["delta"].get("tool_calls") for c in chunks]
+        assert [{"index": 0, **tool}] in calls
+        assert [c["choices"][0]["finish_reason"] for c in chunks].count("tool_calls") == 1
+
+
+def test_the_store_keeps_each_tenant_within_its_entries_and_bytes() -> None:
+    client: Any = redis_sync()
+    tenant = 987_654
+    prefix = cache.prefix(tenant)
+    client.eval(cache.PURGE.source, 1, prefix)
+
+    def store(digest: str, size: int, *, entries: int = 3, total: int = 10_000) -> None:
+        client.eval(cache.STORE.source, 1, prefix, digest, "x" * size, 60_000, entries, total)
+
+    for digest in "abcd":
+        store(digest, 100)
+    held = {h.decode() for h in client.zrange(prefix + "idx", 0, -1)}
+    assert held == {"b", "c", "d"}  # the least recently used left first
+    assert client.get(prefix + "e:a") is None and int(client.get(prefix + "bytes")) == 300
+    # A hit is used: the entry not hit since goes first.
+    assert client.eval(cache.LOOKUP.source, 1, prefix, "b") == b"x" * 100
+    store("e", 100)
+    assert {h.decode() for h in client.zrange(prefix + "idx", 0, -1)} == {"b", "d", "e"}
+    # Bytes bound it too.
+    store("f", 250, total=400)
+    assert int(client.get(prefix + "bytes")) <= 400
+    # Another tenant's store is another partition; a purge takes everything of one tenant.
+    other = cache.prefix(tenant + 1)
+    client.eval(cache.STORE.source, 1, other, "a", "y", 60_000, 3, 10_000)
+    assert client.eval(cache.PURGE.source, 1, prefix) >= 1
+    assert client.keys(prefix + "*") == []
+    assert client.get(other + "e:a") == b"y"
+    client.eval(cache.PURGE.source, 1, other)
