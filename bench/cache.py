@@ -56,11 +56,12 @@ def _body(prompt: str, max_tokens: int, *, stream: bool) -> dict[str, Any]:
 
 
 def workload(requests: int, seed_value: int = 7) -> list[str]:
-    """``requests`` prompts, REPEAT_SHARE of them an earlier one again."""
+    """``requests`` prompts, REPEAT_SHARE of them (exactly) an earlier one again."""
     draw = random.Random(seed_value)
+    repeats = set(draw.sample(range(1, requests), round(requests * REPEAT_SHARE)))
     prompts: list[str] = []
     for i in range(requests):
-        if prompts and draw.random() < REPEAT_SHARE:
+        if i in repeats:
             prompts.append(draw.choice(prompts))
         else:
             prompts.append(f"Question {i}: tell me about item {draw.randrange(10**9)}.")

@@ -145,6 +145,8 @@ class UsageApi(APIView):
                     "input_cached_tokens": row["cached_tokens"],
                     "num_model_requests": row["requests"],
                     "num_errors": row["errors"],
+                    # Ours: the requests answered from the tenant's response cache.
+                    "num_cache_hits": row["cache_hits"],
                     "model": row["model"] if "model" in groups else None,
                     "api_key_id": (
                         (f"{KEY_TAG}{row['api_key__prefix']}" if row["api_key__prefix"] else "")

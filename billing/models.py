@@ -69,10 +69,11 @@ class UsageRecord(models.Model):
         # ledger's append order keeps tiny (PostgreSQL only: migration 0003).
         indexes = [
             models.Index(fields=["tenant", "started_at"], name="usage_tenant_started"),
-            # The dashboard's "recent problems": small, since most requests end well.
+            # The dashboard's "recent problems": small, since most requests end well (a hit
+            # of the response cache is not a problem).
             models.Index(
                 fields=["tenant", "-started_at"],
-                condition=~models.Q(status="ok"),
+                condition=~models.Q(status__in=["ok", "cache_hit"]),
                 name="usage_tenant_problems",
             ),
         ]
@@ -159,6 +160,8 @@ class DailyUsage(models.Model):
     mode = models.CharField(max_length=8, choices=UsageRecord.Mode.choices)
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
+    # Requests answered from the tenant's response cache (status cache_hit; no tokens).
+    cache_hits = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
     cached_tokens = models.PositiveBigIntegerField(default=0)

@@ -32,6 +32,7 @@ def rollup_sums() -> dict[str, Sum]:
         for name in (
             "requests",
             "errors",
+            "cache_hits",
             "prompt_tokens",
             "completion_tokens",
             "cached_tokens",
@@ -124,13 +125,14 @@ def ledger_sums(
 ) -> QuerySet[UsageRecord, dict[str, Any]]:
     """The tenant's records in ``[start, end)`` summed per ``by`` columns: ``n``, ``errors``,
     ``prompt``, ``completion``, ``cached``, ``cost`` (priced records) and ``unpriced``. What
-    both the rollups and the invoices are made of."""
+    both the rollups and the invoices are made of (and ``hits``: answered from the cache)."""
     rows: QuerySet[UsageRecord, dict[str, Any]] = (
         UsageRecord.objects.filter(tenant_id=tenant_id, started_at__gte=start, started_at__lt=end)
         .values(*by)
         .annotate(
             n=Count("id"),
             errors=Count("id", filter=Q(status=UsageRecord.Status.ERROR)),
+            hits=Count("id", filter=Q(status=UsageRecord.Status.CACHE_HIT)),
             prompt=Coalesce(Sum("prompt_tokens"), 0),
             completion=Coalesce(Sum("completion_tokens"), 0),
             cached=Coalesce(Sum("cached_tokens"), 0),

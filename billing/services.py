@@ -209,6 +209,7 @@ def daily_usage_refresh(*, tenant_id: int, day: date) -> int:
             mode=g["mode"],
             requests=g["n"],
             errors=g["errors"],
+            cache_hits=g["hits"],
             prompt_tokens=g["prompt"],
             completion_tokens=g["completion"],
             cached_tokens=g["cached"],

@@ -242,6 +242,15 @@ class ModerationPolicyForm(forms.Form):
         return out
 
 
+class CacheForm(forms.Form):
+    """The tenant's response cache (``tenants.services.tenant_cache_update``)."""
+
+    mode = forms.ChoiceField(choices=Tenant.Cache.choices, label="Response cache")
+    ttl_seconds = forms.IntegerField(
+        min_value=60, max_value=30 * 86400, label="Serve an answer for (seconds)"
+    )
+
+
 class TenantCreateForm(forms.Form):
     """A new tenant as the operator makes it (``tenants.services.tenant_create``, as
     ``POST /api/tenants/``); its limits are set on its limits page next."""

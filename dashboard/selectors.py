@@ -28,6 +28,7 @@ def month_summary(*, tenant: Tenant, today: date) -> dict[str, int]:
     ).aggregate(
         requests=Sum("requests"),
         errors=Sum("errors"),
+        cache_hits=Sum("cache_hits"),
         prompt=Sum("prompt_tokens"),
         completion=Sum("completion_tokens"),
         cost=Sum("cost_micros"),
@@ -48,7 +49,7 @@ def recent_problems(*, tenant: Tenant, limit: int = 10) -> QuerySet[UsageRecord]
     however large the ledger)."""
     return (
         UsageRecord.objects.filter(tenant=tenant)
-        .filter(~Q(status=UsageRecord.Status.OK))
+        .filter(~Q(status__in=[UsageRecord.Status.OK, UsageRecord.Status.CACHE_HIT]))
         .select_related("api_key")
         .order_by("-started_at")[:limit]
     )

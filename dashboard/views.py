@@ -30,6 +30,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from redis.exceptions import RedisError
 
 from adapters import selectors as adapter_selectors
 from adapters import services as adapter_services
@@ -118,6 +119,7 @@ SECTION_PERMS = {
     "playground": Perm.KEYS_CREATE,
     "limits": Perm.VIEW,
     "moderation": Perm.VIEW,
+    "cache": Perm.VIEW,
     "members": Perm.VIEW,
     "adapters": Perm.VIEW,
     "batches": Perm.VIEW,
@@ -793,6 +795,58 @@ def moderation(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, "dashboard/moderation.html", context, status=status)
 
 
+@login_required
+@require_http_methods(["GET", "POST"])
+def cache(request: HttpRequest, slug: str) -> HttpResponse:
+    """The tenant's response cache (docs/cache.md): on or off and its TTL (owners and admins
+    change them), and how many of this month's requests it answered."""
+    access = page_access(request, slug)
+    tenant = access.tenant
+    form = forms.CacheForm(
+        initial={"mode": tenant.response_cache, "ttl_seconds": tenant.response_cache_ttl_seconds}
+    )
+    status = 200
+    if request.method == "POST":
+        if not access.can(Perm.CACHE_MANAGE):
+            raise PermissionDenied("Your role does not allow changing the response cache.")
+        form = forms.CacheForm(request.POST)
+        if form.is_valid():
+            try:
+                services.tenant_cache_update(
+                    tenant=tenant,
+                    actor=page_user(request),
+                    mode=form.cleaned_data["mode"],
+                    ttl_seconds=form.cleaned_data["ttl_seconds"],
+                )
+            except ValidationError as exc:
+                _form_errors(form, exc)
+            else:
+                return redirect("dashboard:cache", slug=slug)
+        status = 400
+    month = selectors.month_summary(tenant=tenant, today=timezone.now().date())
+    context = _context(
+        request, access, "cache", form=form, month=month, purged=request.GET.get("purged")
+    )
+    return render(request, "dashboard/cache.html", context, status=status)
+
+
+@login_required
+@require_POST
+def cache_purge(request: HttpRequest, slug: str) -> HttpResponse:
+    access = page_access(request, slug, Perm.CACHE_MANAGE)
+    try:
+        purged = inference_services.response_cache_purge(
+            tenant=access.tenant, actor=page_user(request)
+        )
+    except RedisError:
+        return HttpResponse(
+            "The cache cannot be reached right now; nothing was purged. Try again shortly.",
+            status=503,
+            content_type="text/plain; charset=utf-8",
+        )
+    return redirect(f"{reverse('dashboard:cache', args=[slug])}?purged={purged}")
+
+
 # --- Usage explorer and invoices ----------------------------------------------------------
 
 
@@ -831,7 +885,14 @@ def usage(request: HttpRequest, slug: str) -> HttpResponse:
     rows = selection.get("rows", [])
     totals = {
         name: sum(r[name] for r in rows)
-        for name in ("requests", "errors", "prompt_tokens", "completion_tokens", "cost_micros")
+        for name in (
+            "requests",
+            "errors",
+            "cache_hits",
+            "prompt_tokens",
+            "completion_tokens",
+            "cost_micros",
+        )
     }
     context = _context(
         request,
@@ -868,6 +929,7 @@ def usage_csv(request: HttpRequest, slug: str) -> HttpResponse:
         [
             "day", "model", "adapter", "api_key", "mode", "requests", "errors",
             "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "api_key_name",
+            "cache_hits",
         ]
     )  # fmt: skip
     for r in selection["rows"]:
@@ -885,6 +947,7 @@ def usage_csv(request: HttpRequest, slug: str) -> HttpResponse:
                 r["cached_tokens"],
                 micros_to_usd(r["cost_micros"]),
                 spreadsheet_safe(r["api_key__name"] or ""),
+                r["cache_hits"],
             ]
         )
     response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")

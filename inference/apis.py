@@ -10,8 +10,9 @@ from typing import Any
 
 from django.db import transaction
 from drf_spectacular.utils import extend_schema, extend_schema_field
+from redis.exceptions import RedisError
 from rest_framework import serializers, status
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import APIException, NotFound
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -238,5 +239,16 @@ class TenantCachePurgeApi(APIView):
     @extend_schema(request=None, responses=OutputSerializer)
     def post(self, request: Request, slug: str) -> Response:
         access = tenant_access(request, slug, Perm.CACHE_MANAGE)
-        purged = services.response_cache_purge(tenant=access.tenant, actor=request_user(request))
+        try:
+            purged = services.response_cache_purge(
+                tenant=access.tenant, actor=request_user(request)
+            )
+        except RedisError:
+            raise Unavailable() from None
         return Response({"purged": purged})
+
+
+class Unavailable(APIException):
+    status_code = 503
+    default_detail = "The cache cannot be reached right now; nothing was purged. Retry shortly."
+    default_code = "unavailable"

@@ -16,8 +16,9 @@ from adapters.signals import adapter_deleted, adapter_ready
 from billing.signals import prices_changed
 from inference.catalog import catalog_publish
 from inference.keycache import keycache_invalidate
+from inference.services import response_cache_forget
 from inference.tasks import adapter_retire_task
-from tenants.signals import keys_changed
+from tenants.signals import keys_changed, response_cache_reset
 
 # After the gateways' next catalog refresh (1 s): no new request can pick a deleted adapter.
 RETIRE_AFTER_SECONDS = 3
@@ -48,3 +49,8 @@ def _adapter_deleted(*, adapter: Adapter, **_: Any) -> None:
     transaction.on_commit(
         lambda: adapter_retire_task.apply_async((pk,), countdown=RETIRE_AFTER_SECONDS)
     )
+
+
+@receiver(response_cache_reset, dispatch_uid="inference.response_cache_reset")
+def _response_cache_reset(*, tenant_id: int, **_: Any) -> None:
+    transaction.on_commit(lambda: response_cache_forget(tenant_id=tenant_id))

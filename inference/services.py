@@ -738,8 +738,19 @@ def _route_errors(name: str, targets: list[tuple[str, int]]) -> list[str]:
     return errors
 
 
+def response_cache_forget(*, tenant_id: int) -> int:
+    """Every answer in the tenant's response cache gone at once; how many there were (0, and
+    a warning, when Redis cannot be reached: the answers then expire with their TTL)."""
+    try:
+        return int(redis_sync().eval(cache.PURGE.source, 1, cache.prefix(tenant_id)))
+    except RedisError:
+        log.warning("could not empty the response cache of tenant %s", tenant_id, exc_info=True)
+        return 0
+
+
 def response_cache_purge(*, tenant: Tenant, actor: User | None) -> int:
-    """Every answer in the tenant's response cache gone at once; how many there were."""
+    """Every answer in the tenant's response cache gone at once; how many there were. Raises
+    RedisError when Redis cannot be reached (nothing purged)."""
     purged = int(redis_sync().eval(cache.PURGE.source, 1, cache.prefix(tenant.pk)))
     audit_record(
         actor=actor, tenant=tenant, action="cache.purge", target=tenant, details={"purged": purged}

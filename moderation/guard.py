@@ -409,6 +409,11 @@ class Guarded:
         self.step = window_step(spec)
 
     @property
+    def rewrites(self) -> bool:
+        """Whether ``rewrite`` changes what the engine is sent (PII masked)."""
+        return self.spec.pii_action == "mask"
+
+    @property
     def input_check(self) -> InputCheck | None:
         """The models' check beside the prefill, when the rules let the input through and
         the policy has models (``input_rules`` ran first)."""

@@ -27,7 +27,7 @@ from tenants.models import (
     Tenant,
     User,
 )
-from tenants.signals import keys_changed
+from tenants.signals import keys_changed, response_cache_reset
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,8 @@ def tenant_cache_update(
     changes = _set_given(
         tenant, {"response_cache": mode, "response_cache_ttl_seconds": ttl_seconds}
     )
+    if "response_cache" in changes:  # on or off: it starts empty
+        response_cache_reset.send(sender=Tenant, tenant_id=tenant.pk)
     return _tenant_save(tenant, actor=actor, action="tenant.cache", changes=changes)
 
 

@@ -87,6 +87,7 @@ class Ticket:
     read: bool = True
     store: bool = True
     limit_asked: bool = False  # the caller set max_tokens: an answer it cut is as asked
+    sequences: int = 1  # the choices a whole answer has
     entry: dict[str, Any] | None = None  # on a hit: {"choices": [...], "usage": {...}}
     kept: bytes = b""  # on a miss: the answer to store when the call settles well
 
@@ -105,6 +106,16 @@ class Ticket:
         return headers
 
 
+def _number(value: Any, default: float) -> float | None:
+    """A sampling parameter as a number (the schema lets "0.2" through as one), or None."""
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _bypass_reason(parsed: ParsedRequest, asked: Directives, mode: str, policy: str) -> str:
     body = parsed.body
     if policy == "key-off":
@@ -115,7 +126,13 @@ def _bypass_reason(parsed: ParsedRequest, asked: Directives, mode: str, policy: 
         return "endpoint"
     if not asked.store:
         return "no-store"
-    if body.get("logprobs") or body.get("top_logprobs"):
+    chat = parsed.endpoint == "chat.completions"
+    logprobs = body.get("logprobs")
+    if (
+        (logprobs if chat else logprobs is not None)
+        or body.get("top_logprobs")
+        or body.get("prompt_logprobs") is not None
+    ):
         return "logprobs"
     for message in body.get("messages") or ():
         content = message.get("content")
@@ -124,9 +141,11 @@ def _bypass_reason(parsed: ParsedRequest, asked: Directives, mode: str, policy: 
             for part in content
         ):
             return "multimodal"
-    temperature = body.get("temperature")
-    top_p = body.get("top_p")
-    sampled = temperature is None or temperature > 0 or (top_p is not None and top_p < 1)
+    # OpenAI's default temperature is 1: a request that says none is sampled.
+    temperature, top_p = _number(body.get("temperature"), 1.0), _number(body.get("top_p"), 1.0)
+    if temperature is None or top_p is None:
+        return "sampled"
+    sampled = temperature > 0 or top_p < 1
     if sampled and not asked.sampled:
         return "sampled"
     if sampled and max(body.get("n") or 1, body.get("best_of") or 1) > 1:
@@ -135,46 +154,71 @@ def _bypass_reason(parsed: ParsedRequest, asked: Directives, mode: str, policy: 
 
 
 def ticket(
-    key: KeyInfo, parsed: ParsedRequest, *, version: str, asked: Directives | None, mode: str
+    key: KeyInfo,
+    parsed: ParsedRequest,
+    *,
+    version: str,
+    max_tokens: int | None,
+    asked: Directives | None,
+    mode: str,
 ) -> Ticket | None:
-    """The request's ticket, or None when its tenant has no cache (no header then)."""
+    """The request's ticket, or None when its tenant has no cache (no header then).
+    ``max_tokens``: the limit the engine is sent (the key's cap may lower the request's)."""
     policy, ttl_seconds = key.cache
     if policy not in ("exact", "key-off"):
         return None
     asked = asked or Directives()
-    request = {k: v for k, v in parsed.body.items() if k not in CARRIAGE}
-    digest = hashlib.sha256(
-        orjson.dumps(
-            [key.tenant_id, version, parsed.endpoint, request], option=orjson.OPT_SORT_KEYS
-        )
-    ).hexdigest()
+    found = Ticket(tenant_id=key.tenant_id, digest="", ttl_ms=ttl_seconds * 1000, outcome="miss")
     reason = _bypass_reason(parsed, asked, mode, policy)
-    return Ticket(
-        tenant_id=key.tenant_id,
-        digest=digest,
-        ttl_ms=ttl_seconds * 1000,
-        outcome="bypass" if reason else "miss",
-        reason=reason,
-        read=asked.read and not reason,
-        store=asked.store and not reason,
-        limit_asked=any(
-            parsed.body.get(name) is not None for name in ("max_tokens", "max_completion_tokens")
-        ),
+    if reason:
+        pass_by(found, reason)
+        return found
+    request = {k: v for k, v in parsed.body.items() if k not in CARRIAGE}
+    request["max_tokens"] = max_tokens  # what the engine runs to, not what was asked
+    try:
+        body = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes
+        pass_by(found, "request")
+        return found
+    found.digest = hashlib.sha256(
+        orjson.dumps([key.tenant_id, version, parsed.endpoint]) + b"\n" + body
+    ).hexdigest()
+    found.read, found.store = asked.read, asked.store
+    found.limit_asked = any(
+        parsed.body.get(name) is not None for name in ("max_tokens", "max_completion_tokens")
     )
+    found.sequences = parsed.sequences
+    return found
+
+
+def pass_by(ticket: Ticket, reason: str) -> None:
+    """The request does not use the cache, for ``reason`` (in its headers)."""
+    ticket.outcome, ticket.reason = "bypass", reason
+    ticket.read = ticket.store = False
 
 
 async def lookup(ticket: Ticket) -> None:
-    """A hit turns the ticket's outcome to ``hit`` with the stored answer."""
-    found = await LOOKUP(keys=[prefix(ticket.tenant_id)], args=[ticket.digest])
-    if found:
-        ticket.entry = orjson.loads(found)
-        ticket.outcome = "hit"
+    """A hit turns the ticket's outcome to ``hit`` with the stored answer. An entry older
+    than the tenant's TTL now (it was lowered) is gone; one that does not read is a miss."""
+    found = await LOOKUP(keys=[prefix(ticket.tenant_id)], args=[ticket.digest, ticket.ttl_ms])
+    if not found:
+        return
+    try:
+        entry = orjson.loads(found)
+        valid = isinstance(entry, dict) and bool(entry.get("choices"))
+    except orjson.JSONDecodeError:
+        valid = False
+    if valid:
+        ticket.entry, ticket.outcome = entry, "hit"
 
 
 def keep(ticket: Ticket, answer: dict[str, Any]) -> None:
     """The complete answer of a miss, kept for the settle if it ended as asked and fits."""
     endings = KEPT_ENDINGS | ({"length"} if ticket.limit_asked else frozenset())
-    if not all(choice.get("finish_reason") in endings for choice in answer["choices"]):
+    choices = answer["choices"]
+    if [choice.get("index") for choice in choices] != list(range(ticket.sequences)):
+        return  # not every choice the request asked for
+    if not all(choice.get("finish_reason") in endings for choice in choices):
         return
     data = orjson.dumps({"choices": answer["choices"], "usage": answer.get("usage")})
     if len(data) <= settings.INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES:
@@ -231,7 +275,7 @@ def replay_chunks(
             continue
         message = stored.get("message") or {}
         chunk(index, delta={"role": "assistant", "content": ""})
-        for name in ("reasoning_content", "reasoning", "content"):
+        for name in ("reasoning_content", "reasoning", "content", "refusal"):
             for piece in _pieces(message.get(name) or "") if message.get(name) else ():
                 chunk(index, delta={name: piece})
         for position, call in enumerate(message.get("tool_calls") or ()):
@@ -273,8 +317,8 @@ class Replay:
         )
         if parsed.include_usage:
             chunks.append({**chunks[0], "choices": [], "usage": self.usage()})
-        call.end()
         yield chunks
+        call.end()  # delivered: a client gone before this is a cut-off
 
     async def drain(self) -> None:
         return None

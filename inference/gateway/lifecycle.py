@@ -119,10 +119,15 @@ class Lifecycle:
         if build is not None:
             made = build
 
-            async def screen_rules(rid: str, parsed: ParsedRequest) -> str | None:
+            async def screen_rules(
+                rid: str, parsed: ParsedRequest, ticket: cache.Ticket | None
+            ) -> str | None:
                 """The guard's cheap checks, before admission: an input they refuse waits
-                for no replica and is never sent (the engine does nothing: nothing billed)."""
+                for no replica and is never sent (the engine does nothing: nothing billed).
+                A prompt the guard rewrites (masks) is not the prompt a cached answer had."""
                 guards.append(made(rid, parsed, tokens))
+                if ticket is not None and guards[0].rewrites:
+                    cache.pass_by(ticket, "rewritten")
                 refusal = await guards[0].input_rules(parsed, key)
                 if refusal is not None:
                     refused.append(refusal)

@@ -45,9 +45,10 @@ log = logging.getLogger(__name__)
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens assumed when max_tokens is not given
 
 
-# What runs before admission (``prepare``): (the request's id, the request as validated) ->
-# None to let it queue for a replica, or the refusal the client gets.
-Screen = Callable[[str, ParsedRequest], Awaitable[str | None]]
+# What runs before admission (``prepare``): (the request's id, the request as validated, its
+# response-cache ticket, which the screen may turn to a bypass) -> None to let it queue for a
+# replica, or the refusal the client gets.
+Screen = Callable[[str, ParsedRequest, "cache.Ticket | None"], Awaitable[str | None]]
 
 
 def _resolve(
@@ -177,7 +178,9 @@ async def prepare(
     # What a cached answer must have been made by: the adapter's version, or the base
     # model as the engines serve it (a model made again under the name is another).
     version = f"{found.name}|{served_name}|{model.created}"
-    ticket = cache.ticket(key, parsed, version=version, asked=asked, mode=mode)
+    ticket = cache.ticket(
+        key, parsed, version=version, max_tokens=max_tokens, asked=asked, mode=mode
+    )
     completion_estimate = (
         0 if prefill_only else parsed.sequences * (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
     )
@@ -198,7 +201,7 @@ async def prepare(
     refusal: str | None = None
     try:
         if screen is not None:
-            refusal = await screen(rid, parsed)
+            refusal = await screen(rid, parsed, ticket)
         if refusal is None and ticket is not None and ticket.read:
             await _look_up(ticket)
         replica = (
@@ -259,6 +262,8 @@ async def prepare(
     if refusal is not None:
         call.fail(refusal, outcome=State.FILTERED)
         return call
+    if ticket is not None and ticket.hit:
+        return call  # it waited for no replica
     call.queue_wait = time.perf_counter() - queued_at
     metrics.queue_waited(pool=pool_name, tenant_slug=key.tenant_slug, seconds=call.queue_wait)
     return call
@@ -328,7 +333,7 @@ async def _look_up(ticket: cache.Ticket) -> None:
         await cache.lookup(ticket)
     except RedisError:
         log.warning("response cache unavailable", exc_info=True)
-        ticket.outcome, ticket.reason, ticket.store = "bypass", "unavailable", False
+        cache.pass_by(ticket, "unavailable")
 
 
 async def _give_back(pool: str, rid: str, grant: limits.Grant) -> None:

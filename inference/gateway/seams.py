@@ -76,6 +76,11 @@ class RequestGuard(OutputFilter, Protocol):
 
     def rewrite(self, upstream: bytes) -> bytes: ...
 
+    @property
+    def rewrites(self) -> bool:
+        """Whether ``rewrite`` changes the body (then no cached answer stands for it)."""
+        ...
+
     async def spent(self, *, mode: str) -> tuple[int, int]:
         """The request has ended: its checks are stopped; what they used, as (tokens, their
         cost in micro-dollars), counted toward the request's limits and budgets."""

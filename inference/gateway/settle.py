@@ -85,8 +85,6 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
                 call.rid,
             )
         call.grant.release_into(pipe, tokens + call.beside[0], cost + call.beside[1])
-        if status == "ok" and ticket is not None and ticket.kept:
-            cache.store_into(pipe, ticket)
         if call.ledger is None:
             metering.spool_into(pipe, record)
             metrics.spark_into(pipe, record, queue_wait=call.queue_wait, now=time.time())
@@ -97,6 +95,19 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
             await metering.store_directly(record)
     if call.ledger is not None:
         call.ledger(record)
+    if status == "ok" and ticket is not None and ticket.kept:
+        await _keep(ticket)
+
+
+async def _keep(ticket: cache.Ticket) -> None:
+    """The answer into the tenant's response cache: a round trip of its own, after the
+    call's, so that a cache Redis cannot take (full, say) never touches the settling."""
+    try:
+        pipe = Batch()
+        cache.store_into(pipe, ticket)
+        await pipe.execute()
+    except RedisError:
+        log.warning("could not keep an answer in the response cache", exc_info=True)
 
 
 def _log_completion(record: UsageRecord) -> None:

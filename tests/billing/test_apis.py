@@ -89,6 +89,7 @@ def test_usage_by_day_and_model(ledger: TenantPeople) -> None:
             "input_cached_tokens": 0,
             "num_model_requests": 2,
             "num_errors": 0,
+            "num_cache_hits": 0,
             "model": "tiny-chat",
             "api_key_id": None,
             "batch": None,

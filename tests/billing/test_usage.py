@@ -153,3 +153,19 @@ def test_export_pages_visit_every_record_once_even_with_equal_times() -> None:
     seen = [row[1] for page in pages for row in page]
     assert len(pages) == 4 and sorted(seen) == sorted(r.request_id for r in records)
     assert len(set(seen)) == len(seen)
+
+
+@pytest.mark.django_db
+def test_cache_hits_are_counted_in_the_rollups_and_are_not_problems() -> None:
+    from django.db.models import Sum
+
+    from billing.models import DailyUsage
+    from dashboard.selectors import recent_problems
+
+    tenant = TenantFactory.create()
+    hit = _record(tenant, status="cache_hit", prompt_tokens=0, completion_tokens=0, replica="")
+    insert_with_rollups([_record(tenant), hit, _record(tenant, status="error")])
+    rows = DailyUsage.objects.filter(tenant=tenant)
+    day = rows.aggregate(requests=Sum("requests"), errors=Sum("errors"), hits=Sum("cache_hits"))
+    assert day == {"requests": 3, "errors": 1, "hits": 1}
+    assert [r.status for r in recent_problems(tenant=tenant)] == ["error"]

@@ -787,6 +787,7 @@ TENANT_PAGES = [
     ("audit", "t/acme/audit/"),
     ("limits", "t/acme/limits/"),
     ("moderation", "t/acme/moderation/"),
+    ("cache", "t/acme/cache/"),
     ("playground", "t/acme/playground/"),
     ("usage", "t/acme/usage/"),
     ("invoices", "t/acme/invoices/"),

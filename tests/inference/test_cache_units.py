@@ -36,10 +36,18 @@ def _ticket(
     asked: cache.Directives | None = None,
     endpoint: str = "chat.completions",
     mode: str = "online",
+    max_tokens: int | None = None,
 ) -> cache.Ticket:
-    parsed = parse_request(orjson.dumps(body or BASE), endpoint)
+    body = body or BASE
+    parsed = parse_request(orjson.dumps(body), endpoint)
+    max_tokens = max_tokens or body.get("max_tokens")
     found = cache.ticket(
-        key or _key(), parsed, version="tiny-chat|tiny-chat|1", asked=asked, mode=mode
+        key or _key(),
+        parsed,
+        version="tiny-chat|tiny-chat|1",
+        max_tokens=max_tokens,
+        asked=asked,
+        mode=mode,
     )
     assert found is not None
     return found
@@ -66,9 +74,12 @@ def test_the_key_is_the_tenant_and_the_whole_request_but_not_how_it_is_carried()
         {"user": "someone"},
     ):
         assert _ticket({**BASE, **changed}).digest != base.digest, changed
+    # The limit the engine is sent is the key's cap when that is lower: another answer.
+    assert _ticket(max_tokens=4).digest != base.digest
     # A tenant without the cache has no ticket: no header, no lookup.
     parsed = parse_request(orjson.dumps(BASE), "chat.completions")
-    assert cache.ticket(_key(policy="off"), parsed, version="v", asked=None, mode="online") is None
+    off = cache.ticket(_key(policy="off"), parsed, version="v", max_tokens=8, asked=None, mode="")
+    assert off is None
 
 
 @pytest.mark.parametrize(
@@ -79,6 +90,7 @@ def test_the_key_is_the_tenant_and_the_whole_request_but_not_how_it_is_carried()
         ({"top_p": 0.9}, None, "sampled"),
         ({"temperature": 0.7, "n": 2}, cache.Directives(sampled=True), "sampled-n"),
         ({"logprobs": True}, None, "logprobs"),
+        ({"prompt_logprobs": 0}, None, "logprobs"),
         (
             {
                 "messages": [
@@ -113,6 +125,25 @@ def test_a_key_kept_out_of_its_tenants_cache_passes_it_by() -> None:
     assert _ticket(key=_key(policy="key-off")).reason == "key"
 
 
+def test_odd_but_valid_bodies_are_passed_by_not_a_500() -> None:
+    # A completion's logprobs=0 still returns logprobs (a replay would not).
+    completion = {"model": "m", "prompt": "hi", "temperature": 0, "logprobs": 0}
+    assert _ticket(completion, endpoint="completions").reason == "logprobs"
+    # A number sent as a string (the schema takes it) is read as one.
+    assert _ticket({**BASE, "temperature": "0"}).outcome == "miss"
+    # Nested as deep as orjson writes (255 levels, as the engine's body is): still hashed.
+    depth = 255 - 6  # the body, tools, a tool, its function, its parameters, "d"
+    parameters = b'{"d": ' + b"[" * depth + b"1" + b"]" * depth + b"}"
+    raw = orjson.dumps({**BASE, "tool_choice": "none"})[:-1] + (
+        b', "tools": [{"type": "function", "function": {"name": "f", "parameters": '
+        + parameters
+        + b"}}]}"
+    )
+    parsed = parse_request(raw, "chat.completions")
+    deep = cache.ticket(_key(), parsed, version="v", max_tokens=8, asked=None, mode="online")
+    assert deep is not None and deep.outcome == "miss" and deep.digest
+
+
 def test_batch_lines_and_embeddings_are_not_cached() -> None:
     assert _ticket(mode="batch").reason == "batch"
     embed = {"model": "e", "input": "hi"}
@@ -136,6 +167,9 @@ def test_only_answers_that_ended_as_asked_are_kept() -> None:
     # Cut by a limit the caller did not set (the context's end): not what was asked.
     assert not kept("length", max_tokens=None)
     assert not kept("content_filter") and not kept("abort")
+    empty = _ticket()
+    cache.keep(empty, {"choices": [], "usage": {}})
+    assert not empty.kept  # an answer without its choice
     with override_settings(INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES=1024):
         ticket = _ticket()
         cache.keep(
@@ -198,12 +232,20 @@ def test_the_store_keeps_each_tenant_within_its_entries_and_bytes() -> None:
     assert held == {"b", "c", "d"}  # the least recently used left first
     assert client.get(prefix + "e:a") is None and int(client.get(prefix + "bytes")) == 300
     # A hit is used: the entry not hit since goes first.
-    assert client.eval(cache.LOOKUP.source, 1, prefix, "b") == b"x" * 100
+    assert client.eval(cache.LOOKUP.source, 1, prefix, "b", 60_000) == b"x" * 100
     store("e", 100)
     assert {h.decode() for h in client.zrange(prefix + "idx", 0, -1)} == {"b", "d", "e"}
-    # Bytes bound it too.
+    # Bytes bound it too; an answer larger than them all is not kept.
     store("f", 250, total=400)
     assert int(client.get(prefix + "bytes")) <= 400
+    assert client.eval(cache.STORE.source, 1, prefix, "g", "x" * 500, 60_000, 3, 400) == -1
+    # A TTL lowered since: an answer older than it is not served, and leaves the books.
+    assert client.eval(cache.LOOKUP.source, 1, prefix, "f", 0) is None
+    assert client.zscore(prefix + "at", "f") is None and client.get(prefix + "e:f") is None
+    # The books never expire before the answers they count (a purge finds them all).
+    store("h", 10)
+    client.eval(cache.STORE.source, 1, prefix, "i", "x", 1_000, 3, 10_000)
+    assert client.pttl(prefix + "idx") > 50_000
     # Another tenant's store is another partition; a purge takes everything of one tenant.
     other = cache.prefix(tenant + 1)
     client.eval(cache.STORE.source, 1, other, "a", "y", 60_000, 3, 10_000)

@@ -226,3 +226,10 @@ def test_a_purge_empties_the_tenants_cache_for_its_managers_only(world: World) -
     purged = client_for(owner).post(url)
     assert purged.status_code == 200 and purged.json() == {"purged": 1}
     assert _post(world, key, BODY).headers["x-inferplane-cache"] == "miss"
+    # Turned off and on again: what it held before is gone too.
+    assert _post(world, key, BODY).headers["x-inferplane-cache"] == "hit"
+    tenant_cache_update(tenant=tenant, actor=None, mode="off")
+    wait_for(lambda: "x-inferplane-cache" not in _post(world, key, BODY).headers, timeout=10)
+    tenant_cache_update(tenant=tenant, actor=None, mode="exact")
+    first = wait_for(lambda: _post(world, key, BODY).headers.get("x-inferplane-cache"), timeout=10)
+    assert first == "miss"

@@ -1,14 +1,16 @@
 -- KEYS[1]: the tenant's prefix, ip:rc:{t:<tenant>}: (one slot). Under it:
---   e:<hash>  string  a stored answer (expires on its own after the tenant's TTL)
+--   e:<hash>  string  a stored answer (Redis expires it after the TTL it was stored with)
 --   idx       zset    hash -> when last used (ms): least recently used first
+--   at        zset    hash -> when stored (ms): served only within the tenant's TTL now
 --   size      hash    hash -> the answer's bytes
 --   bytes     string  the bytes of all the tenant's answers
 local p = KEYS[1]
-local idx, sizes, total = p .. 'idx', p .. 'size', p .. 'bytes'
+local idx, at, sizes, total = p .. 'idx', p .. 'at', p .. 'size', p .. 'bytes'
 
 local function forget(hash)
   redis.call('DEL', p .. 'e:' .. hash)
   redis.call('ZREM', idx, hash)
+  redis.call('ZREM', at, hash)
   local size = tonumber(redis.call('HGET', sizes, hash) or '0')
   redis.call('HDEL', sizes, hash)
   if size > 0 then

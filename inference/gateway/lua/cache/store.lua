@@ -1,11 +1,21 @@
--- ARGV: hash answer ttl_ms max_entries max_bytes  ->  entries evicted to make room
+-- ARGV: hash answer ttl_ms max_entries max_bytes  ->  entries evicted to make room (-1: the
+-- answer alone is larger than the tenant's bytes: not kept)
 local hash, answer = ARGV[1], ARGV[2]
 local ttl, max_entries, max_bytes = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local size = #answer
+if size > max_bytes then
+  return -1
+end
 local evicted = 0
--- Entries unused for a whole TTL have expired: their bookkeeping goes too.
-for _, old in ipairs(redis.call('ZRANGEBYSCORE', idx, '-inf', now - ttl, 'LIMIT', 0, 100)) do
+-- Answers stored longer ago than the TTL, and the oldest whose key Redis has expired (they
+-- were stored under a shorter TTL), leave the bookkeeping.
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', at, '-inf', now - ttl, 'LIMIT', 0, 100)) do
   forget(old)
+end
+for _, old in ipairs(redis.call('ZRANGE', at, 0, 19)) do
+  if redis.call('EXISTS', p .. 'e:' .. old) == 0 then
+    forget(old)
+  end
 end
 if redis.call('ZSCORE', idx, hash) then
   forget(hash)
@@ -22,10 +32,14 @@ while redis.call('ZCARD', idx) >= max_entries
 end
 redis.call('SET', p .. 'e:' .. hash, answer, 'PX', ttl)
 redis.call('ZADD', idx, fresh(), hash)
+redis.call('ZADD', at, now, hash)
 redis.call('HSET', sizes, hash, size)
 redis.call('INCRBY', total, size)
--- The bookkeeping outlives the last entry by no more than its TTL.
-for _, key in ipairs({ idx, sizes, total }) do
-  redis.call('PEXPIRE', key, ttl)
+-- The bookkeeping outlives every answer it counts (never shortened by a lower TTL), so a
+-- purge finds them all.
+for _, key in ipairs({ idx, at, sizes, total }) do
+  if redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
 end
 return evicted
