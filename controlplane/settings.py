@@ -513,6 +513,11 @@ INFERPLANE_RESPONSE_CACHE_MAX_BYTES = env_int(
 INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES = env_int(
     "INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES", 256 * 1024, minimum=1024
 )
+# The semantic cache's vectors a web process keeps in memory (rows of the partitions it looked
+# in last; the least recently used partitions are dropped, and fetched again when needed).
+INFERPLANE_RESPONSE_CACHE_MIRROR_ROWS = env_int(
+    "INFERPLANE_RESPONSE_CACHE_MIRROR_ROWS", 200_000, minimum=1000
+)
 if INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES > INFERPLANE_RESPONSE_CACHE_MAX_BYTES:
     raise ImproperlyConfigured(
         "INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES must not exceed "

@@ -249,6 +249,12 @@ class CacheForm(forms.Form):
     ttl_seconds = forms.IntegerField(
         min_value=60, max_value=30 * 86400, label="Serve an answer for (seconds)"
     )
+    threshold = forms.FloatField(
+        min_value=0.5, max_value=1.0, label="Semantic: similarity a hit needs"
+    )
+    embedding_model = forms.CharField(
+        required=False, max_length=200, label="Semantic: embedding model"
+    )
 
 
 class TenantCreateForm(forms.Form):

@@ -803,7 +803,12 @@ def cache(request: HttpRequest, slug: str) -> HttpResponse:
     access = page_access(request, slug)
     tenant = access.tenant
     form = forms.CacheForm(
-        initial={"mode": tenant.response_cache, "ttl_seconds": tenant.response_cache_ttl_seconds}
+        initial={
+            "mode": tenant.response_cache,
+            "ttl_seconds": tenant.response_cache_ttl_seconds,
+            "threshold": tenant.response_cache_threshold,
+            "embedding_model": tenant.response_cache_embedding_model,
+        }
     )
     status = 200
     if request.method == "POST":
@@ -817,6 +822,8 @@ def cache(request: HttpRequest, slug: str) -> HttpResponse:
                     actor=page_user(request),
                     mode=form.cleaned_data["mode"],
                     ttl_seconds=form.cleaned_data["ttl_seconds"],
+                    threshold=form.cleaned_data["threshold"],
+                    embedding_model=form.cleaned_data["embedding_model"],
                 )
             except ValidationError as exc:
                 _form_errors(form, exc)
@@ -927,9 +934,8 @@ def usage_csv(request: HttpRequest, slug: str) -> HttpResponse:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(
         [
-            "day", "model", "adapter", "api_key", "mode", "requests", "errors",
+            "day", "model", "adapter", "api_key", "mode", "requests", "errors", "cache_hits",
             "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "api_key_name",
-            "cache_hits",
         ]
     )  # fmt: skip
     for r in selection["rows"]:
@@ -942,12 +948,12 @@ def usage_csv(request: HttpRequest, slug: str) -> HttpResponse:
                 r["mode"],
                 r["requests"],
                 r["errors"],
+                r["cache_hits"],
                 r["prompt_tokens"],
                 r["completion_tokens"],
                 r["cached_tokens"],
                 micros_to_usd(r["cost_micros"]),
                 spreadsheet_safe(r["api_key__name"] or ""),
-                r["cache_hits"],
             ]
         )
     response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")

@@ -229,6 +229,12 @@ class TenantCacheOutputSerializer(serializers.Serializer[Any]):
         source="response_cache", help_text="off, or exact: a repeated request gets the answer"
     )
     ttl_seconds = serializers.IntegerField(source="response_cache_ttl_seconds")
+    threshold = serializers.FloatField(
+        source="response_cache_threshold", help_text="semantic: the similarity a hit needs"
+    )
+    embedding_model = serializers.CharField(
+        source="response_cache_embedding_model", help_text="semantic: the model that embeds"
+    )
 
 
 class TenantCacheApi(APIView):
@@ -245,18 +251,26 @@ class TenantCacheUpdateApi(APIView):
     class InputSerializer(serializers.Serializer[Any]):
         mode = serializers.ChoiceField(choices=Tenant.Cache.choices, required=False)
         ttl_seconds = serializers.IntegerField(min_value=60, max_value=30 * 86400, required=False)
+        threshold = serializers.FloatField(min_value=0.5, max_value=1.0, required=False)
+        embedding_model = serializers.CharField(max_length=200, required=False)
 
     @extend_schema(request=InputSerializer, responses=TenantCacheOutputSerializer)
     def post(self, request: Request, slug: str) -> Response:
         access = tenant_access(request, slug, Perm.CACHE_MANAGE)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        tenant = services.tenant_cache_update(
-            tenant=access.tenant,
-            actor=request_user(request),
-            mode=data.validated_data.get("mode"),
-            ttl_seconds=data.validated_data.get("ttl_seconds"),
-        )
+        given = data.validated_data
+        try:
+            tenant = services.tenant_cache_update(
+                tenant=access.tenant,
+                actor=request_user(request),
+                mode=given.get("mode"),
+                ttl_seconds=given.get("ttl_seconds"),
+                threshold=given.get("threshold"),
+                embedding_model=given.get("embedding_model"),
+            )
+        except DjangoValidationError as exc:
+            raise exceptions.ValidationError(exc.message_dict) from None
         return Response(TenantCacheOutputSerializer(tenant).data)
 
 

@@ -110,12 +110,24 @@ class Tenant(LimitFields):
     class Cache(models.TextChoices):
         OFF = "off", "Off"
         EXACT = "exact", "Exact: a repeated request gets the stored answer"
+        SEMANTIC = "semantic", "Semantic: exact, and single-turn requests close in meaning"
 
     response_cache = models.CharField(max_length=8, choices=Cache.choices, default=Cache.OFF)
     response_cache_ttl_seconds = models.PositiveIntegerField(
         default=3600,
         validators=[MinValueValidator(60), MaxValueValidator(30 * 86400)],
         help_text="How long a cached answer is served (60 s to 30 days).",
+    )
+    response_cache_threshold = models.FloatField(
+        default=0.95,
+        validators=[MinValueValidator(0.5), MaxValueValidator(1.0)],
+        help_text="Semantic: the cosine similarity a stored request's text needs (0.5 to 1).",
+    )
+    response_cache_embedding_model = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Semantic: the embedding model (on the platform's own pool) that embeds "
+        "the request's text; one the tenant may call.",
     )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)

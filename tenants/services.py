@@ -157,13 +157,30 @@ def tenant_limits_update(
 
 @transaction.atomic
 def tenant_cache_update(
-    *, tenant: Tenant, actor: User | None, mode: str | None = None, ttl_seconds: int | None = None
+    *,
+    tenant: Tenant,
+    actor: User | None,
+    mode: str | None = None,
+    ttl_seconds: int | None = None,
+    threshold: float | None = None,
+    embedding_model: str | None = None,
 ) -> Tenant:
-    """The tenant's response cache: on (``exact``) or ``off``, and how long an answer is kept.
-    Every key of the tenant carries the policy to the gateway (dropped from its caches here)."""
+    """The tenant's response cache: ``off``, ``exact`` or ``semantic``, how long an answer is
+    kept, and for semantic its similarity threshold and embedding model. Every key of the
+    tenant carries the policy to the gateway (dropped from its caches here)."""
     changes = _set_given(
-        tenant, {"response_cache": mode, "response_cache_ttl_seconds": ttl_seconds}
+        tenant,
+        {
+            "response_cache": mode,
+            "response_cache_ttl_seconds": ttl_seconds,
+            "response_cache_threshold": threshold,
+            "response_cache_embedding_model": embedding_model,
+        },
     )
+    if tenant.response_cache == Tenant.Cache.SEMANTIC and not tenant.response_cache_embedding_model:
+        raise ValidationError(
+            {"embedding_model": "The semantic cache needs an embedding model to embed with."}
+        )
     if "response_cache" in changes:  # on or off: it starts empty
         response_cache_reset.send(sender=Tenant, tenant_id=tenant.pk)
     return _tenant_save(tenant, actor=actor, action="tenant.cache", changes=changes)

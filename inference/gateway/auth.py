@@ -43,9 +43,10 @@ class KeyInfo:
     # In LimitFields.LIMIT_NAMES order; 0 means unlimited.
     tenant_limits: tuple[int, ...]
     key_limits: tuple[int, ...]
-    # The tenant's response cache: (``off`` | ``exact`` | ``key-off``: the tenant has one,
-    # this key stays out of it; its TTL in seconds).
-    cache: tuple[str, int] = ("off", 0)
+    # The tenant's response cache: (``off`` | ``exact`` | ``semantic`` | ``key-off``: the
+    # tenant has one, this key stays out of it; its TTL in seconds; the semantic cache's
+    # similarity threshold and embedding model).
+    cache: tuple[str, int, float, str] = ("off", 0, 1.0, "")
 
     def limit(self, name: str) -> int:
         """The effective value of one limit (the tighter of key and tenant), 0 = none."""
@@ -73,7 +74,11 @@ class KeyInfo:
     def from_json(cls, raw: bytes) -> KeyInfo:
         v = orjson.loads(raw)
         # An entry written before the cache existed has none (it expires within minutes).
-        cache = (str(v[10][0]), int(v[10][1])) if len(v) > 10 else ("off", 0)
+        cache = (
+            (str(v[10][0]), int(v[10][1]), float(v[10][2]), str(v[10][3]))
+            if len(v) > 10 and len(v[10]) == 4
+            else ("off", 0, 1.0, "")
+        )
         return cls(
             v[0],
             v[1],
@@ -120,6 +125,8 @@ def key_info_from_db(prefix: str) -> KeyInfo | None:
             if key.use_response_cache or key.tenant.response_cache == "off"
             else "key-off",
             key.tenant.response_cache_ttl_seconds,
+            key.tenant.response_cache_threshold,
+            key.tenant.response_cache_embedding_model,
         ),
     )
 

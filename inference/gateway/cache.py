@@ -21,15 +21,18 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import orjson
 from django.conf import settings
 
 from inference.gateway.auth import KeyInfo
 from inference.gateway.lua import Batch, Script
+from inference.gateway.redis import redis_async
 from inference.gateway.schema import PREFILL_ONLY, ParsedRequest
 
 if TYPE_CHECKING:  # the call carries its ticket (``Call.cache``)
@@ -90,6 +93,7 @@ class Ticket:
     sequences: int = 1  # the choices a whole answer has
     entry: dict[str, Any] | None = None  # on a hit: {"choices": [...], "usage": {...}}
     kept: bytes = b""  # on a miss: the answer to store when the call settles well
+    semantic: Semantic | None = None  # a single-turn request of a semantic cache
 
     @property
     def hit(self) -> bool:
@@ -103,7 +107,25 @@ class Ticket:
         headers = [(b"x-inferplane-cache", self.outcome.encode())]
         if self.reason:
             headers.append((b"x-inferplane-cache-reason", self.reason.encode()))
+        if self.semantic is not None and self.semantic.similarity is not None:
+            score = f"{self.semantic.similarity:.4f}".encode()
+            headers.append((b"x-inferplane-cache-similarity", score))
         return headers
+
+
+@dataclass(slots=True)
+class Semantic:
+    """What the semantic cache needs of a single-turn request: its partition (a hash of all
+    of the request but its user text: model version, system prompt, tools, response format,
+    sampling), that text, the tenant's threshold and embedding model; then its vector and the
+    best similarity found."""
+
+    partition: str
+    text: str
+    threshold: float
+    model: str
+    vector: bytes = b""  # float32, unit length: stored with the answer on a miss
+    similarity: float | None = None
 
 
 def _number(value: Any, default: float) -> float | None:
@@ -122,10 +144,12 @@ def _bypass_reason(parsed: ParsedRequest, asked: Directives, mode: str, policy: 
         return "key"
     if mode == "batch":
         return "batch"
-    if parsed.endpoint in PREFILL_ONLY or parsed.surface:
+    if parsed.surface:  # the Responses API keeps conversations of its own
         return "endpoint"
     if not asked.store:
         return "no-store"
+    if parsed.endpoint in PREFILL_ONLY:  # an embedding is the same each time: nothing sampled
+        return ""
     chat = parsed.endpoint == "chat.completions"
     logprobs = body.get("logprobs")
     if (
@@ -164,8 +188,8 @@ def ticket(
 ) -> Ticket | None:
     """The request's ticket, or None when its tenant has no cache (no header then).
     ``max_tokens``: the limit the engine is sent (the key's cap may lower the request's)."""
-    policy, ttl_seconds = key.cache
-    if policy not in ("exact", "key-off"):
+    policy, ttl_seconds, threshold, model = key.cache
+    if policy not in ("exact", "semantic", "key-off"):
         return None
     asked = asked or Directives()
     found = Ticket(tenant_id=key.tenant_id, digest="", ttl_ms=ttl_seconds * 1000, outcome="miss")
@@ -188,7 +212,44 @@ def ticket(
         parsed.body.get(name) is not None for name in ("max_tokens", "max_completion_tokens")
     )
     found.sequences = parsed.sequences
+    if policy == "semantic" and model:
+        found.semantic = _semantic(key.tenant_id, version, parsed, request, threshold, model)
     return found
+
+
+def _semantic(
+    tenant_id: int,
+    version: str,
+    parsed: ParsedRequest,
+    request: dict[str, Any],
+    threshold: float,
+    model: str,
+) -> Semantic | None:
+    """A single-turn chat request (one user message, after at most one system or developer
+    message; one choice) with its partition; None for any other."""
+    messages = request.get("messages") or []
+    if parsed.endpoint != "chat.completions" or parsed.sequences != 1 or not messages:
+        return None
+    *head, last = messages
+    if last.get("role") != "user" or len(head) > 1:
+        return None
+    if head and head[0].get("role") not in ("system", "developer"):
+        return None
+    content = last.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(part, dict) and part.get("type") == "text" for part in content):
+            return None
+        content = "".join(str(part.get("text") or "") for part in content)
+    if not isinstance(content, str) or not content.strip():
+        return None
+    unsaid = {**request, "messages": [*head, {**last, "content": None}]}
+    # The embedding model too: vectors of two models are not to be compared.
+    partition = hashlib.sha256(
+        orjson.dumps([tenant_id, version, parsed.endpoint, model])
+        + b"\n"
+        + orjson.dumps(unsaid, option=orjson.OPT_SORT_KEYS)
+    ).hexdigest()[:32]
+    return Semantic(partition=partition, text=content, threshold=threshold, model=model)
 
 
 def pass_by(ticket: Ticket, reason: str) -> None:
@@ -205,11 +266,21 @@ async def lookup(ticket: Ticket) -> None:
         return
     try:
         entry = orjson.loads(found)
-        valid = isinstance(entry, dict) and bool(entry.get("choices"))
+        valid = isinstance(entry, dict) and bool(entry.get("choices") or entry.get("data"))
     except orjson.JSONDecodeError:
         valid = False
     if valid:
         ticket.entry, ticket.outcome = entry, "hit"
+
+
+def keep_embeddings(ticket: Ticket, answer: dict[str, Any]) -> None:
+    """An embeddings answer of a miss, kept for the settle if it has every input's and fits."""
+    data = answer["data"]
+    if [item.get("index") for item in data] != list(range(ticket.sequences)):
+        return
+    kept = orjson.dumps({"data": data, "usage": answer.get("usage")})
+    if len(kept) <= settings.INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES:
+        ticket.kept = kept
 
 
 def keep(ticket: Ticket, answer: dict[str, Any]) -> None:
@@ -226,6 +297,9 @@ def keep(ticket: Ticket, answer: dict[str, Any]) -> None:
 
 
 def store_into(pipe: Batch, ticket: Ticket) -> None:
+    """The kept answer, and on a semantic miss its text's vector in its partition."""
+    semantic = ticket.semantic
+    vector = [semantic.partition, semantic.vector] if semantic and semantic.vector else []
     pipe.script(
         STORE,
         [prefix(ticket.tenant_id)],
@@ -235,8 +309,82 @@ def store_into(pipe: Batch, ticket: Ticket) -> None:
             ticket.ttl_ms,
             settings.INFERPLANE_RESPONSE_CACHE_MAX_ENTRIES,
             settings.INFERPLANE_RESPONSE_CACHE_MAX_BYTES,
+            *vector,
         ],
     )
+
+
+# --- the semantic lookup ------------------------------------------------------------------
+#
+# A partition's vectors live in Redis (``s:<partition>``: answer hash -> float32 vector, and
+# ``sv:<partition>``: a counter moved by every change); each web process keeps a copy of
+# the partitions it has looked in, as one matrix each, fetched again only when the counter
+# moved. A lookup is then one GET and a matrix-vector product (bench/cache.py), and every
+# process sees what any stored.
+
+
+@dataclass(slots=True)
+class _Mirror:
+    version: bytes
+    digests: list[str]
+    matrix: Any  # numpy float32, one unit row per stored text
+
+
+_mirrors: OrderedDict[tuple[int, str], _Mirror] = OrderedDict()
+_mirror_rows = 0
+
+
+def unit_vector(values: Any) -> Any:
+    """A vector (a list of floats, or an array) as float32 of unit length."""
+    vector = np.asarray(values, dtype=np.float32)
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
+
+
+async def lookup_similar(ticket: Ticket, vector: Any) -> None:
+    """The stored answer whose text is most similar to this request's, inside its partition,
+    if the similarity reaches the tenant's threshold: the ticket turns to a hit."""
+    global _mirror_rows
+    semantic = ticket.semantic
+    if semantic is None:
+        return
+    semantic.vector = vector.astype(np.float32).tobytes()
+    if not ticket.read:  # Cache-Control: no-cache: the vector is kept with the answer only
+        return
+    base = prefix(ticket.tenant_id)
+    client = redis_async()
+    version = cast("bytes | None", await client.get(f"{base}sv:{semantic.partition}"))
+    if version is None:
+        return  # nothing stored in this partition
+    where = (ticket.tenant_id, semantic.partition)
+    mirror = _mirrors.get(where)
+    if mirror is None or mirror.version != version:
+        rows = cast("dict[bytes, bytes]", await client.hgetall(f"{base}s:{semantic.partition}"))
+        digests = [digest.decode() for digest in rows]
+        dims = vector.shape[0]
+        usable = [(d, v) for d, v in zip(digests, rows.values(), strict=True) if len(v) == 4 * dims]
+        matrix = np.frombuffer(b"".join(v for _, v in usable), dtype=np.float32).reshape(-1, dims)
+        if mirror is not None:
+            _mirror_rows -= len(mirror.digests)
+        mirror = _Mirror(version, [d for d, _ in usable], matrix)
+        _mirrors[where] = mirror
+        _mirror_rows += len(mirror.digests)
+        while _mirror_rows > settings.INFERPLANE_RESPONSE_CACHE_MIRROR_ROWS and len(_mirrors) > 1:
+            _, dropped = _mirrors.popitem(last=False)
+            _mirror_rows -= len(dropped.digests)
+    _mirrors.move_to_end(where)
+    if not mirror.digests:
+        return
+    scores = mirror.matrix @ vector
+    best = int(np.argmax(scores))
+    semantic.similarity = float(scores[best])
+    if semantic.similarity < semantic.threshold:
+        return
+    found = await LOOKUP(keys=[base], args=[mirror.digests[best], ticket.ttl_ms])
+    if found:
+        entry = orjson.loads(found)
+        if isinstance(entry, dict) and entry.get("choices"):
+            ticket.entry, ticket.outcome = entry, "hit"
 
 
 _WORDS = re.compile(r"\s*\S+\s*")

@@ -30,6 +30,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.db import DatabaseError
 from redis.exceptions import RedisError
@@ -148,6 +149,7 @@ class Lifecycle:
             screen=screen,
             surface=surface,
             asked=asked,
+            embed=lambda model, text: _embed(key, model, text),
         )
         life = cls(call, output_filter=output_filter, input_check=input_check, tokens=tokens)
         if not guards:
@@ -294,10 +296,22 @@ class Lifecycle:
         """The non-streamed answer (``responses.Whole``), or the ``ApiError`` to answer."""
         call = self.call
         chat = call.parsed.endpoint == "chat.completions"
+        ticket = call.cache
+        if call.parsed.endpoint == "embeddings" and isinstance(self.relay, cache.Replay):
+            call.end()  # the stored vectors, whole
+            return {
+                "object": "list",
+                "data": self.relay.entry["data"],
+                "model": call.parsed.model,
+                "usage": self.relay.usage(),
+            }
         if call.parsed.endpoint == "embeddings" and self.relay.answer is not None:
-            return responses.embeddings_answer(
+            answer = responses.embeddings_answer(
                 self.relay.answer, model=call.parsed.model, prompt_tokens=call.counts.prompt
             )
+            if ticket is not None and ticket.recording:
+                cache.keep_embeddings(ticket, answer)
+            return answer
         if self.relay.answer is not None:  # the engine answered whole (``Call.whole``)
             return responses.whole_answer(
                 self.relay.answer, chat=chat, model=call.parsed.model, usage=call.usage()
@@ -357,6 +371,21 @@ def _note_finished(chunks: list[dict[str, Any]], finished: set[int]) -> None:
         for choice in chunk.get("choices") or ():
             if choice.get("finish_reason"):
                 finished.add(int(choice.get("index") or 0))
+
+
+async def _embed(key: KeyInfo, model: str, text: str) -> list[float] | None:
+    """``text``'s vector from ``model``, as the tenant's own embeddings request (admitted to
+    the embedding pool, metered and billed like any): the semantic cache's lookup. In a task
+    of its own, so its request id stays its own; None when it is refused or fails."""
+    body = orjson.dumps({"model": model, "input": text, "encoding_format": "float"})
+    status, answer = await asyncio.ensure_future(
+        run_whole(key=key, raw_body=body, endpoint="embeddings")
+    )
+    if status != 200:
+        return None
+    data = answer.get("data") or [{}]
+    vector = data[0].get("embedding")
+    return vector if isinstance(vector, list) else None
 
 
 async def run_whole(

@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens assumed when max_tokens is not given
 
 
+# How the semantic cache embeds a request's text: (the embedding model, the text) -> its
+# vector, or None when it cannot be had (the lookup is then exact only).
+Embed = Callable[[str, str], Awaitable[list[float] | None]]
+
 # What runs before admission (``prepare``): (the request's id, the request as validated, its
 # response-cache ticket, which the screen may turn to a bypass) -> None to let it queue for a
 # replica, or the refusal the client gets.
@@ -123,6 +127,7 @@ async def prepare(
     screen: Screen | None = None,
     surface: str = "",
     asked: cache.Directives | None = None,
+    embed: Embed | None = None,
 ) -> Call:
     """Everything before the engine, for a request whose key was authenticated; on the
     model's online pool, or on ``pool`` (by name) when given. ``mode``, ``ledger`` and
@@ -204,6 +209,8 @@ async def prepare(
             refusal = await screen(rid, parsed, ticket)
         if refusal is None and ticket is not None and ticket.read:
             await _look_up(ticket)
+        if refusal is None and ticket is not None and not ticket.hit and ticket.store:
+            await _look_up_similar(ticket, embed)
         replica = (
             ""  # refused, or answered from the cache: never admitted, never sent
             if refusal is not None or (ticket is not None and ticket.hit)
@@ -334,6 +341,23 @@ async def _look_up(ticket: cache.Ticket) -> None:
     except RedisError:
         log.warning("response cache unavailable", exc_info=True)
         cache.pass_by(ticket, "unavailable")
+
+
+async def _look_up_similar(ticket: cache.Ticket, embed: Embed | None) -> None:
+    """A single-turn request of a semantic cache: its text embedded (on the tenant's
+    embedding model, as the tenant's own request) and looked up among its partition's."""
+    semantic = ticket.semantic
+    if semantic is None or embed is None:
+        return
+    values = await embed(semantic.model, semantic.text)
+    if not values:
+        ticket.semantic, ticket.reason = None, "semantic-unavailable"
+        return
+    try:
+        await cache.lookup_similar(ticket, cache.unit_vector(values))
+    except RedisError:
+        log.warning("semantic cache unavailable", exc_info=True)
+        ticket.semantic, ticket.reason = None, "semantic-unavailable"
 
 
 async def _give_back(pool: str, rid: str, grant: limits.Grant) -> None:

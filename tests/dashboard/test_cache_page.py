@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 
 URL = "/app/t/acme/cache/"
 PURGE = "/app/t/acme/cache/purge/"
-FORM = {"mode": "exact", "ttl_seconds": "600"}
+FORM = {"mode": "exact", "ttl_seconds": "600", "threshold": "0.95", "embedding_model": ""}
 
 
 def browser(user: User) -> Client:
@@ -54,6 +54,8 @@ def test_members_see_it_admins_change_and_purge_it_outsiders_get_404(
 
     admin = browser(people.admin)
     assert admin.post(URL, {**FORM, "ttl_seconds": "5"}).status_code == 400
+    refused = admin.post(URL, {**FORM, "mode": "semantic"})  # with no model to embed with
+    assert refused.status_code == 400 and "needs an embedding model" in refused.content.decode()
     assert admin.post(URL, FORM).status_code == 302
     people.tenant.refresh_from_db()
     assert (people.tenant.response_cache, people.tenant.response_cache_ttl_seconds) == (

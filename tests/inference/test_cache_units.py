@@ -25,8 +25,10 @@ BASE: dict[str, Any] = {
 }
 
 
-def _key(tenant: int = 1, policy: str = "exact") -> KeyInfo:
-    return KeyInfo(1, "p", "d", tenant, f"t{tenant}", 1, frozenset(), None, (), (), (policy, 60))
+def _key(tenant: int = 1, policy: str = "exact", model: str = "e") -> KeyInfo:
+    return KeyInfo(
+        1, "p", "d", tenant, f"t{tenant}", 1, frozenset(), None, (), (), (policy, 60, 0.9, model)
+    )
 
 
 def _ticket(
@@ -144,10 +146,19 @@ def test_odd_but_valid_bodies_are_passed_by_not_a_500() -> None:
     assert deep is not None and deep.outcome == "miss" and deep.digest
 
 
-def test_batch_lines_and_embeddings_are_not_cached() -> None:
+def test_batch_lines_are_not_cached_and_embeddings_are() -> None:
     assert _ticket(mode="batch").reason == "batch"
-    embed = {"model": "e", "input": "hi"}
-    assert _ticket(embed, endpoint="embeddings").reason == "endpoint"
+    embed = {"model": "e", "input": ["hi", "there"]}
+    ticket = _ticket(embed, endpoint="embeddings")
+    assert ticket.outcome == "miss"
+    assert _ticket({**embed, "encoding_format": "base64"}, endpoint="embeddings").digest != (
+        ticket.digest
+    )
+    one = {"object": "embedding", "embedding": [0.5]}
+    cache.keep_embeddings(ticket, {"data": [{**one, "index": 0}], "usage": {}})
+    assert not ticket.kept  # one vector of two
+    cache.keep_embeddings(ticket, {"data": [{**one, "index": 0}, {**one, "index": 1}], "usage": {}})
+    assert ticket.kept
 
 
 def test_headers_ask_the_cache() -> None:
@@ -253,3 +264,82 @@ def test_the_store_keeps_each_tenant_within_its_entries_and_bytes() -> None:
     assert client.keys(prefix + "*") == []
     assert client.get(other + "e:a") == b"y"
     client.eval(cache.PURGE.source, 1, other)
+
+
+def _semantic_ticket(body: dict[str, Any], tenant: int = 1) -> cache.Ticket:
+    return _ticket(body, key=_key(tenant=tenant, policy="semantic"))
+
+
+def test_single_turn_requests_get_a_partition_of_all_but_their_text() -> None:
+    ticket = _semantic_ticket(BASE)
+    assert ticket.semantic is not None and ticket.semantic.text == "Hi"
+    assert (ticket.semantic.threshold, ticket.semantic.model) == (0.9, "e")
+    other_text = {**BASE, "messages": [BASE["messages"][0], {"role": "user", "content": "Yo"}]}
+    other = _semantic_ticket(other_text)
+    assert other.semantic is not None
+    assert other.semantic.partition == ticket.semantic.partition  # compared with each other
+    assert other.digest != ticket.digest
+    # Anything else about the request is another partition: never compared.
+    system = {**BASE, "messages": [{"role": "system", "content": "Be long."}, BASE["messages"][1]]}
+    for changed in (system, {**BASE, "max_tokens": 9}, {**BASE, "seed": 1}):
+        found = _semantic_ticket(changed).semantic
+        assert found is not None and found.partition != ticket.semantic.partition
+    assert _semantic_ticket(BASE, tenant=2).semantic.partition != ticket.semantic.partition  # type: ignore[union-attr]
+    other_model = _ticket(BASE, key=_key(policy="semantic", model="m")).semantic
+    assert other_model is not None and other_model.partition != ticket.semantic.partition
+    # Not single-turn, or not one text: exact only.
+    turns = [
+        *BASE["messages"],
+        {"role": "assistant", "content": "x"},
+        {"role": "user", "content": "y"},
+    ]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    assert _semantic_ticket({**BASE, "messages": turns}).semantic is None
+    assert _semantic_ticket({**BASE, "messages": parts}).semantic is not None
+    assert _ticket(BASE).semantic is None  # an exact cache
+
+
+async def test_a_similar_text_finds_its_answer_inside_its_partition_only() -> None:
+    from inference.gateway.redis import redis_async
+
+    client = redis_async()
+    tenant, other = 987_700, 987_701
+    for t in (tenant, other):
+        await client.eval(cache.PURGE.source, 1, cache.prefix(t))
+    ticket = _semantic_ticket(BASE, tenant=tenant)
+    semantic = ticket.semantic
+    assert semantic is not None
+    stored = {
+        "a": cache.unit_vector([1.0, 0.0, 0.0]),
+        "b": cache.unit_vector([0.0, 1.0, 0.0]),
+    }
+    for digest, vector in stored.items():
+        answer = orjson.dumps({"choices": [{"index": 0, "text": digest}]})
+        await client.eval(
+            cache.STORE.source, 1, cache.prefix(tenant), digest, answer, 60_000, 10, 10**6,
+            semantic.partition, vector.tobytes(),
+        )  # fmt: skip
+    near_b = cache.unit_vector([0.1, 1.0, 0.0])
+    await cache.lookup_similar(ticket, near_b)
+    assert ticket.hit and ticket.entry == {"choices": [{"index": 0, "text": "b"}]}
+    assert semantic.similarity is not None and 0.99 < semantic.similarity < 1.0
+    assert (b"x-inferplane-cache-similarity", f"{semantic.similarity:.4f}".encode()) in (
+        ticket.headers()
+    )
+    # Below the threshold: a miss, with the best similarity said.
+    far = _semantic_ticket(BASE, tenant=tenant)
+    await cache.lookup_similar(far, cache.unit_vector([1.0, 1.0, 1.0]))
+    assert not far.hit and far.semantic is not None and far.semantic.similarity < 0.9  # type: ignore[operator]
+    # Another tenant, the same partition name: nothing of the first's.
+    theirs = _semantic_ticket(BASE, tenant=other)
+    await cache.lookup_similar(theirs, near_b)
+    assert not theirs.hit and theirs.semantic is not None and theirs.semantic.similarity is None
+    # A purge empties the partition, and every process's copy of it follows.
+    await client.eval(cache.PURGE.source, 1, cache.prefix(tenant))
+    again = _semantic_ticket(BASE, tenant=tenant)
+    await cache.lookup_similar(again, near_b)
+    assert not again.hit
+    assert await client.keys(cache.prefix(tenant) + "*") == [
+        (cache.prefix(tenant) + f"sv:{semantic.partition}").encode()
+    ]  # the counter alone, moved on (a copy never mistakes a new partition for an old one)
+    await client.delete(cache.prefix(tenant) + f"sv:{semantic.partition}")

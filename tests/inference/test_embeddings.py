@@ -219,3 +219,123 @@ def test_embeddings_reconcile_exactly_with_the_engine(embed_world: World) -> Non
     reconciled = dict(zip(header.split(","), row.split(","), strict=True))
     assert (reconciled["prompt_diff"], reconciled["records"]) == ("0", "3"), reconciled
     assert reconciled["exact"] == "yes"
+
+
+def test_a_repeated_embedding_is_answered_from_the_tenants_cache(embed_world: World) -> None:
+    """The same inputs again: the stored vectors, no engine, billed as a hit (no tokens)."""
+    from tenants.services import tenant_cache_update
+
+    tenant, key = embed_world.tenant()
+    tenant_cache_update(tenant=tenant, actor=None, mode="exact")
+    headers = {"authorization": f"Bearer {key}"}
+    body = {"model": "tiny-embed", "input": ["a cat sat", "on the mat"], "encoding_format": "float"}
+
+    def embed() -> httpx.Response:
+        answer = httpx.post(
+            f"{embed_world.stack.url}/v1/embeddings", json=body, headers=headers, timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+        return answer
+
+    first, again = embed(), embed()
+    assert (first.headers["x-inferplane-cache"], again.headers["x-inferplane-cache"]) == (
+        "miss",
+        "hit",
+    )
+    assert again.json()["data"] == first.json()["data"]
+    assert again.json()["usage"] == first.json()["usage"]
+    wait_for(lambda: len(embed_world.records(tenant=tenant)) == 2, timeout=30)
+    by_status = {r.status: r for r in embed_world.records(tenant=tenant)}
+    made, hit = by_status["ok"], by_status["cache_hit"]
+    assert made.prompt_tokens == first.json()["usage"]["prompt_tokens"] > 0
+    assert (hit.prompt_tokens, hit.replica) == (0, "")
+
+
+def _vector(world: World, key: str, text: str) -> list[float]:
+    answer = httpx.post(
+        f"{world.stack.url}/v1/embeddings",
+        json={"model": "tiny-embed", "input": text, "encoding_format": "float"},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    return list(answer.json()["data"][0]["embedding"])
+
+
+def test_the_semantic_cache_answers_a_close_text_inside_the_tenants_partition_only(
+    embed_world: World,
+) -> None:
+    from tenants.services import tenant_cache_update
+
+    # The tiny model embeds most texts alike (its weights are designed to write, not to
+    # mean): two different texts it puts together, and one it puts far from them. What the
+    # test checks is the cache's rule on the similarities the engine gives, measured here.
+    said, close, far = (
+        "Tell me about the cache.",
+        "Describe the cache.",
+        "the pool serves many tenants",
+    )
+    _, plain = embed_world.tenant()
+    vectors = [_vector(embed_world, plain, text) for text in (said, close, far)]
+
+    def cosine(a: list[float], b: list[float]) -> float:
+        dot = sum(x * y for x, y in zip(a, b, strict=True))
+        return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+    similarity, distance = cosine(vectors[0], vectors[1]), cosine(vectors[0], vectors[2])
+    assert similarity >= 0.96 and distance < 0.9  # the texts the test is designed on
+    semantic: dict[str, Any] = {"mode": "semantic", "embedding_model": "tiny-embed"}
+    tenant, key = embed_world.tenant()
+    tenant_cache_update(tenant=tenant, actor=None, threshold=0.95, **semantic)
+    other, other_key = embed_world.tenant()
+    tenant_cache_update(tenant=other, actor=None, threshold=0.5, **semantic)
+
+    def chat(key: str, text: str, system: str = "") -> httpx.Response:
+        messages = [{"role": "system", "content": system}] if system else []
+        body = {
+            "model": "tiny-chat",
+            "messages": [*messages, {"role": "user", "content": text}],
+            "max_tokens": 6,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        answer = httpx.post(
+            f"{embed_world.stack.url}/v1/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        return answer
+
+    first = chat(key, said)
+    assert first.headers["x-inferplane-cache"] == "miss"
+    hit = chat(key, close)
+    assert hit.headers["x-inferplane-cache"] == "hit"
+    assert math.isclose(
+        float(hit.headers["x-inferplane-cache-similarity"]), similarity, abs_tol=2e-3
+    )
+    assert hit.json()["choices"] == first.json()["choices"]
+    # Far in meaning: a miss, told how close the best one came.
+    missed = chat(key, far)
+    assert missed.headers["x-inferplane-cache"] == "miss"
+    assert math.isclose(
+        float(missed.headers["x-inferplane-cache-similarity"]), distance, abs_tol=2e-3
+    )
+    # Another tenant, the same words, a lower threshold: its own partition, empty.
+    theirs = chat(other_key, close)
+    assert theirs.headers["x-inferplane-cache"] == "miss"
+    assert "x-inferplane-cache-similarity" not in theirs.headers
+    # Another system prompt: another partition.
+    assert chat(key, close, system="Be brief.").headers["x-inferplane-cache"] == "miss"
+    # The ledger: the engine's answers, the hit with no tokens, each lookup's embedding the
+    # tenant's own embeddings request (the third text embedded a second time: from the
+    # tenant's exact cache, a hit itself).
+    wait_for(lambda: len(embed_world.records(tenant=tenant)) == 8, timeout=30)
+    records = embed_world.records(tenant=tenant)
+    assert sorted((r.endpoint, r.status) for r in records) == sorted(
+        [("chat.completions", "ok")] * 3
+        + [("chat.completions", "cache_hit")]
+        + [("embeddings", "ok")] * 3
+        + [("embeddings", "cache_hit")]
+    )

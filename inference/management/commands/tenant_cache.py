@@ -21,6 +21,8 @@ class Command(BaseCommand):
         parser.add_argument("slug")
         parser.add_argument("--mode", choices=[value for value, _ in Tenant.Cache.choices])
         parser.add_argument("--ttl", help="Seconds an answer is served (60 to 2592000).")
+        parser.add_argument("--threshold", type=float, help="Semantic: similarity (0.5 to 1).")
+        parser.add_argument("--embedding-model", help="Semantic: the model that embeds.")
         parser.add_argument("--purge", action="store_true", help="Forget every answer held.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -34,6 +36,8 @@ class Command(BaseCommand):
                 tenant=tenant,
                 actor=None,
                 mode=options["mode"],
+                threshold=options["threshold"],
+                embedding_model=options["embedding_model"],
                 ttl_seconds=None
                 if ttl is None
                 else parse_positive_int(ttl, option="--ttl", maximum=30 * 86400),
@@ -48,3 +52,6 @@ class Command(BaseCommand):
             self.stdout.write(f"purged: {purged}")
         self.stdout.write(f"mode: {tenant.response_cache}")
         self.stdout.write(f"ttl_seconds: {tenant.response_cache_ttl_seconds}")
+        if tenant.response_cache == Tenant.Cache.SEMANTIC:
+            self.stdout.write(f"threshold: {tenant.response_cache_threshold}")
+            self.stdout.write(f"embedding_model: {tenant.response_cache_embedding_model}")

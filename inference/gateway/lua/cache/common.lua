@@ -2,12 +2,24 @@
 --   e:<hash>  string  a stored answer (Redis expires it after the TTL it was stored with)
 --   idx       zset    hash -> when last used (ms): least recently used first
 --   at        zset    hash -> when stored (ms): served only within the tenant's TTL now
---   size      hash    hash -> the answer's bytes
+--   size      hash    hash -> the answer's bytes (its text's vector included)
 --   bytes     string  the bytes of all the tenant's answers
+-- and for the semantic cache:
+--   s:<part>  hash    hash -> the request text's vector (float32), in its partition
+--   sv:<part> string  a counter every change to the partition moves (web processes' copies)
+--   part      hash    hash -> its partition
+--   parts     set     the tenant's partitions
 local p = KEYS[1]
 local idx, at, sizes, total = p .. 'idx', p .. 'at', p .. 'size', p .. 'bytes'
+local part, parts = p .. 'part', p .. 'parts'
 
 local function forget(hash)
+  local fp = redis.call('HGET', part, hash)
+  if fp then
+    redis.call('HDEL', p .. 's:' .. fp, hash)
+    redis.call('INCR', p .. 'sv:' .. fp)
+    redis.call('HDEL', part, hash)
+  end
   redis.call('DEL', p .. 'e:' .. hash)
   redis.call('ZREM', idx, hash)
   redis.call('ZREM', at, hash)

@@ -1,8 +1,9 @@
--- ARGV: hash answer ttl_ms max_entries max_bytes  ->  entries evicted to make room (-1: the
--- answer alone is larger than the tenant's bytes: not kept)
+-- ARGV: hash answer ttl_ms max_entries max_bytes [partition vector]  ->  entries evicted to
+-- make room (-1: the answer alone is larger than the tenant's bytes: not kept)
 local hash, answer = ARGV[1], ARGV[2]
 local ttl, max_entries, max_bytes = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local size = #answer
+local fp, vector = ARGV[6], ARGV[7]
+local size = #answer + (vector and #vector or 0)
 if size > max_bytes then
   return -1
 end
@@ -35,9 +36,19 @@ redis.call('ZADD', idx, fresh(), hash)
 redis.call('ZADD', at, now, hash)
 redis.call('HSET', sizes, hash, size)
 redis.call('INCRBY', total, size)
+local books = { idx, at, sizes, total }
+if fp and vector then
+  redis.call('HSET', p .. 's:' .. fp, hash, vector)
+  redis.call('INCR', p .. 'sv:' .. fp)
+  redis.call('HSET', part, hash, fp)
+  redis.call('SADD', parts, fp)
+  for _, key in ipairs({ p .. 's:' .. fp, p .. 'sv:' .. fp, part, parts }) do
+    books[#books + 1] = key
+  end
+end
 -- The bookkeeping outlives every answer it counts (never shortened by a lower TTL), so a
 -- purge finds them all.
-for _, key in ipairs({ idx, at, sizes, total }) do
+for _, key in ipairs(books) do
   if redis.call('PTTL', key) < ttl then
     redis.call('PEXPIRE', key, ttl)
   end
