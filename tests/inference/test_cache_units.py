@@ -4,6 +4,7 @@ the store in a real Redis."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -340,6 +341,64 @@ async def test_a_similar_text_finds_its_answer_inside_its_partition_only() -> No
     await cache.lookup_similar(again, near_b)
     assert not again.hit
     assert await client.keys(cache.prefix(tenant) + "*") == [
-        (cache.prefix(tenant) + f"sv:{semantic.partition}").encode()
-    ]  # the counter alone, moved on (a copy never mistakes a new partition for an old one)
-    await client.delete(cache.prefix(tenant) + f"sv:{semantic.partition}")
+        (cache.prefix(tenant) + f"so:{semantic.partition}").encode()
+    ]  # the log's offset alone, moved past every copy (they fetch the partition whole)
+    await client.delete(cache.prefix(tenant) + f"so:{semantic.partition}")
+
+
+async def test_every_web_process_copy_follows_the_partition_through_any_change() -> None:
+    """Two processes' copies (each its own ``_mirrors``) through stores, evictions, a log
+    compacted under them and a purge: after each look, a copy holds exactly the partition's
+    vectors, and the best match is the brute-force one."""
+    import random
+
+    import numpy as np
+
+    from inference.gateway.redis import redis_async
+
+    client: Any = redis_async()
+    tenant = 987_800
+    base = cache.prefix(tenant)
+    await client.eval(cache.PURGE.source, 1, base)
+    ticket = _semantic_ticket(BASE, tenant=tenant)
+    assert ticket.semantic is not None
+    partition = ticket.semantic.partition
+    draw = random.Random(3)
+    copies: list[Any] = [cache._mirrors, OrderedDict()]
+    held: dict[str, Any] = {}
+
+    async def look(process: int) -> None:
+        cache._mirrors = copies[process]
+        query = cache.unit_vector([draw.uniform(-1, 1) for _ in range(4)])
+        mirror = await cache._mirror(tenant, partition, 4)
+        stored = await client.hgetall(f"{base}s:{partition}")
+        assert set(mirror.digests) == {d.decode() for d in stored}
+        found = mirror.best(query)
+        if stored:
+            brute = max(stored, key=lambda d: float(np.frombuffer(stored[d], np.float32) @ query))
+            assert found is not None and found[0] == brute.decode()
+
+    try:
+        for step in range(1300):  # past the log's 1,000 + twice the partition: compacted
+            digest = f"d{draw.randrange(40)}"
+            vector = cache.unit_vector([draw.uniform(-1, 1) for _ in range(4)])
+            answer = orjson.dumps({"choices": [{"index": 0}]})
+            await client.eval(
+                cache.STORE.source, 1, base, digest, answer, 60_000, 12, 10**6,
+                partition, vector.tobytes(),
+            )  # fmt: skip
+            held[digest] = vector
+            if step % 7 == 0:
+                await look(0)
+            if step % 97 == 0:
+                await look(1)
+            if step == 650:
+                await client.eval(cache.PURGE.source, 1, base)
+                await look(0)
+        assert int(await client.get(f"{base}so:{partition}")) > 0  # the log was dropped
+        await look(0)
+        await look(1)
+    finally:
+        cache._mirrors = copies[0]
+        await client.eval(cache.PURGE.source, 1, base)
+        await client.delete(f"{base}so:{partition}")

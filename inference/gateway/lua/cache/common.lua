@@ -6,7 +6,8 @@
 --   bytes     string  the bytes of all the tenant's answers
 -- and for the semantic cache:
 --   s:<part>  hash    hash -> the request text's vector (float32), in its partition
---   sv:<part> string  a counter every change to the partition moves (web processes' copies)
+--   sl:<part> list    the partition's changes, "+hash" or "-hash", for web processes' copies
+--   so:<part> string  how many changes the log has dropped from its head (its offset)
 --   part      hash    hash -> its partition
 --   parts     set     the tenant's partitions
 local p = KEYS[1]
@@ -17,7 +18,7 @@ local function forget(hash)
   local fp = redis.call('HGET', part, hash)
   if fp then
     redis.call('HDEL', p .. 's:' .. fp, hash)
-    redis.call('INCR', p .. 'sv:' .. fp)
+    redis.call('RPUSH', p .. 'sl:' .. fp, '-' .. hash)
     redis.call('HDEL', part, hash)
   end
   redis.call('DEL', p .. 'e:' .. hash)

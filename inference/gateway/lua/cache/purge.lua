@@ -3,10 +3,12 @@ local hashes = redis.call('ZRANGE', idx, 0, -1)
 for _, hash in ipairs(hashes) do
   redis.call('DEL', p .. 'e:' .. hash)
 end
--- A partition's counter moves on (never back to a number a web process's copy has seen).
+-- Each partition's log jumps past where any web process's copy is: they all fetch it whole
+-- (empty) next time.
 for _, fp in ipairs(redis.call('SMEMBERS', parts)) do
-  redis.call('DEL', p .. 's:' .. fp)
-  redis.call('INCR', p .. 'sv:' .. fp)
+  local log, off = p .. 'sl:' .. fp, p .. 'so:' .. fp
+  redis.call('INCRBY', off, redis.call('LLEN', log) + 1)
+  redis.call('DEL', p .. 's:' .. fp, log)
 end
 redis.call('DEL', idx, at, sizes, total, part, parts)
 return #hashes

@@ -38,11 +38,19 @@ redis.call('HSET', sizes, hash, size)
 redis.call('INCRBY', total, size)
 local books = { idx, at, sizes, total }
 if fp and vector then
-  redis.call('HSET', p .. 's:' .. fp, hash, vector)
-  redis.call('INCR', p .. 'sv:' .. fp)
+  local vecs, log, off = p .. 's:' .. fp, p .. 'sl:' .. fp, p .. 'so:' .. fp
+  redis.call('HSET', vecs, hash, vector)
+  redis.call('SET', off, 0, 'NX')
+  redis.call('RPUSH', log, '+' .. hash)
+  -- A log much longer than the partition is dropped: copies behind it fetch it whole.
+  local logged = redis.call('LLEN', log)
+  if logged > 1000 + 2 * redis.call('HLEN', vecs) then
+    redis.call('INCRBY', off, logged)
+    redis.call('DEL', log)
+  end
   redis.call('HSET', part, hash, fp)
   redis.call('SADD', parts, fp)
-  for _, key in ipairs({ p .. 's:' .. fp, p .. 'sv:' .. fp, part, parts }) do
+  for _, key in ipairs({ vecs, log, off, part, parts }) do
     books[#books + 1] = key
   end
 end
