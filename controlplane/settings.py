@@ -513,6 +513,9 @@ INFERPLANE_RESPONSE_CACHE_MAX_BYTES = env_int(
 INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES = env_int(
     "INFERPLANE_RESPONSE_CACHE_MAX_ENTRY_BYTES", 256 * 1024, minimum=1024
 )
+# The semantic cache's embedding of a request's text: given up (an exact-only lookup) after
+# this long, so a slow or full embedding pool never holds a request up for longer.
+INFERPLANE_RESPONSE_CACHE_EMBED_MS = env_int("INFERPLANE_RESPONSE_CACHE_EMBED_MS", 2000, minimum=50)
 # The semantic cache's vectors a web process keeps in memory (rows of the partitions it looked
 # in last; the least recently used partitions are dropped, and fetched again when needed).
 INFERPLANE_RESPONSE_CACHE_MIRROR_ROWS = env_int(

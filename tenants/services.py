@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -177,6 +178,8 @@ def tenant_cache_update(
             "response_cache_embedding_model": embedding_model,
         },
     )
+    if threshold is not None and not math.isfinite(threshold):
+        raise ValidationError({"threshold": "The threshold must be a number from 0.5 to 1."})
     if tenant.response_cache == Tenant.Cache.SEMANTIC and not tenant.response_cache_embedding_model:
         raise ValidationError(
             {"embedding_model": "The semantic cache needs an embedding model to embed with."}

@@ -454,11 +454,14 @@ async def lookup_similar(ticket: Ticket, vector: Any) -> None:
     if found is None:
         return
     digest, semantic.similarity = found
-    if semantic.similarity < semantic.threshold:
+    if not semantic.similarity >= semantic.threshold:  # NaN never reaches it
         return
     stored = await LOOKUP(keys=[prefix(ticket.tenant_id)], args=[digest, ticket.ttl_ms])
     if stored:
-        entry = orjson.loads(stored)
+        try:
+            entry = orjson.loads(stored)
+        except orjson.JSONDecodeError:
+            return
         if isinstance(entry, dict) and entry.get("choices"):
             ticket.entry, ticket.outcome = entry, "hit"
 

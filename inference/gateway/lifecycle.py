@@ -373,14 +373,25 @@ def _note_finished(chunks: list[dict[str, Any]], finished: set[int]) -> None:
                 finished.add(int(choice.get("index") or 0))
 
 
+_NOT_KEPT = cache.Directives(read=False, store=False)
+
+
 async def _embed(key: KeyInfo, model: str, text: str) -> list[float] | None:
     """``text``'s vector from ``model``, as the tenant's own embeddings request (admitted to
     the embedding pool, metered and billed like any): the semantic cache's lookup. In a task
     of its own, so its request id stays its own; None when it is refused or fails."""
     body = orjson.dumps({"model": model, "input": text, "encoding_format": "float"})
-    status, answer = await asyncio.ensure_future(
-        run_whole(key=key, raw_body=body, endpoint="embeddings")
+    # Within a budget (the chat waits on it, holding its limits), and not kept in the exact
+    # cache itself (its vector is kept with the answer).
+    lookup = asyncio.ensure_future(
+        run_whole(key=key, raw_body=body, endpoint="embeddings", asked=_NOT_KEPT)
     )
+    try:
+        status, answer = await asyncio.wait_for(
+            lookup, settings.INFERPLANE_RESPONSE_CACHE_EMBED_MS / 1000
+        )
+    except TimeoutError:
+        return None
     if status != 200:
         return None
     data = answer.get("data") or [{}]
@@ -399,6 +410,7 @@ async def run_whole(
     mode: str = "online",
     ledger: Callable[[UsageRecord], None] | None = None,
     admitted: Callable[[], None] | None = None,
+    asked: cache.Directives | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """One request run to completion without an HTTP request (a batch line in a Celery
     worker: ``async_to_sync(run_whole)(...)``, or many at once in one ``asyncio.run``):
@@ -420,6 +432,7 @@ async def run_whole(
             # A check or filter that stops the answer bills what the engine made: only a
             # stream says how much that was.
             whole=output_filter is None and input_check is None,
+            asked=asked,
         )
         if admitted is not None:  # past limits and admission: a replica is ours now
             admitted()

@@ -17,8 +17,17 @@ local part, parts = p .. 'part', p .. 'parts'
 local function forget(hash)
   local fp = redis.call('HGET', part, hash)
   if fp then
-    redis.call('HDEL', p .. 's:' .. fp, hash)
-    redis.call('RPUSH', p .. 'sl:' .. fp, '-' .. hash)
+    local vecs, off = p .. 's:' .. fp, p .. 'so:' .. fp
+    redis.call('HDEL', vecs, hash)
+    -- Logged only while the partition's books live (a log key never outlives them).
+    local ttl = redis.call('PTTL', off)
+    if ttl > 0 then
+      redis.call('RPUSH', p .. 'sl:' .. fp, '-' .. hash)
+      redis.call('PEXPIRE', p .. 'sl:' .. fp, ttl)
+    end
+    if redis.call('HLEN', vecs) == 0 then
+      redis.call('SREM', parts, fp)
+    end
     redis.call('HDEL', part, hash)
   end
   redis.call('DEL', p .. 'e:' .. hash)

@@ -7,7 +7,9 @@ end
 -- (empty) next time.
 for _, fp in ipairs(redis.call('SMEMBERS', parts)) do
   local log, off = p .. 'sl:' .. fp, p .. 'so:' .. fp
-  redis.call('INCRBY', off, redis.call('LLEN', log) + 1)
+  if redis.call('EXISTS', off) == 1 then  -- INCRBY keeps its TTL
+    redis.call('INCRBY', off, redis.call('LLEN', log) + 1)
+  end
   redis.call('DEL', p .. 's:' .. fp, log)
 end
 redis.call('DEL', idx, at, sizes, total, part, parts)

@@ -40,7 +40,9 @@ local books = { idx, at, sizes, total }
 if fp and vector then
   local vecs, log, off = p .. 's:' .. fp, p .. 'sl:' .. fp, p .. 'so:' .. fp
   redis.call('HSET', vecs, hash, vector)
-  redis.call('SET', off, 0, 'NX')
+  -- A partition's log starts at the clock (in microseconds): a copy of an earlier one, gone
+  -- with its TTL, is behind it and fetches the new one whole.
+  redis.call('SET', off, now * 1000, 'NX')
   redis.call('RPUSH', log, '+' .. hash)
   -- A log much longer than the partition is dropped: copies behind it fetch it whole.
   local logged = redis.call('LLEN', log)
