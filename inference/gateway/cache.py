@@ -26,7 +26,6 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import orjson
 from django.conf import settings
 
@@ -325,6 +324,15 @@ def store_into(pipe: Batch, ticket: Ticket) -> None:
 CHANGES = Script("cache", "changes")
 
 
+def _np() -> Any:
+    """numpy, imported when the semantic cache first needs it: a process that never looks up
+    by meaning (a Celery worker, which forks its pool) never loads it, nor its BLAS threads
+    (threads and fork do not mix)."""
+    import numpy
+
+    return numpy
+
+
 class _Mirror:
     """One partition's vectors as rows of a matrix with room to grow; a row leaves by taking
     the last row's place."""
@@ -336,7 +344,7 @@ class _Mirror:
         self.position = position
         self.rows: dict[str, int] = {}
         self.digests: list[str] = []
-        self.matrix = np.empty((16, dims), dtype=np.float32)
+        self.matrix = _np().empty((16, dims), dtype=_np().float32)
 
     @classmethod
     def whole(cls, dims: int, position: int, pairs: list[bytes]) -> _Mirror:
@@ -350,8 +358,8 @@ class _Mirror:
         if usable:
             mirror.digests = [digest for digest, _ in usable]
             mirror.rows = {digest: row for row, digest in enumerate(mirror.digests)}
-            rows = np.frombuffer(b"".join(v for _, v in usable), dtype=np.float32)
-            mirror.matrix = np.empty((max(16, 2 * len(usable)), dims), dtype=np.float32)
+            rows = _np().frombuffer(b"".join(v for _, v in usable), dtype=_np().float32)
+            mirror.matrix = _np().empty((max(16, 2 * len(usable)), dims), dtype=_np().float32)
             mirror.matrix[: len(usable)] = rows.reshape(-1, dims)
         return mirror
 
@@ -363,10 +371,10 @@ class _Mirror:
             row = self.rows[digest] = len(self.digests)
             self.digests.append(digest)
             if row == len(self.matrix):
-                grown = np.empty((2 * row, self.dims), dtype=np.float32)
+                grown = _np().empty((2 * row, self.dims), dtype=_np().float32)
                 grown[:row] = self.matrix
                 self.matrix = grown
-        self.matrix[row] = np.frombuffer(vector, dtype=np.float32)
+        self.matrix[row] = _np().frombuffer(vector, dtype=_np().float32)
 
     def remove(self, digest: str) -> None:
         row = self.rows.pop(digest, None)
@@ -383,7 +391,7 @@ class _Mirror:
         if not self.digests:
             return None
         scores = self.matrix[: len(self.digests)] @ vector
-        row = int(np.argmax(scores))
+        row = int(_np().argmax(scores))
         return self.digests[row], float(scores[row])
 
 
@@ -393,7 +401,10 @@ _mirror_rows = 0
 
 def unit_vector(values: Any) -> Any:
     """A vector (a list of floats, or an array) as float32 of unit length."""
+    np = _np()
     vector = np.asarray(values, dtype=np.float32)
+    if not np.isfinite(vector).all():
+        raise ValueError("the embedding is not finite")
     norm = float(np.linalg.norm(vector))
     return vector / norm if norm > 0 else vector
 
@@ -446,7 +457,7 @@ async def lookup_similar(ticket: Ticket, vector: Any) -> None:
     semantic = ticket.semantic
     if semantic is None:
         return
-    semantic.vector = vector.astype(np.float32).tobytes()
+    semantic.vector = vector.astype(_np().float32).tobytes()
     if not ticket.read:  # Cache-Control: no-cache: the vector is kept with the answer only
         return
     mirror = await _mirror(ticket.tenant_id, semantic.partition, int(vector.shape[0]))

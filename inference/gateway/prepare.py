@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
 from django.conf import settings
 from redis.exceptions import RedisError
 
@@ -355,10 +354,7 @@ async def _look_up_similar(ticket: cache.Ticket, embed: Embed | None) -> None:
         ticket.semantic, ticket.reason = None, "semantic-unavailable"
         return
     try:
-        vector = cache.unit_vector(values)
-        if not np.isfinite(vector).all():
-            raise ValueError("the embedding is not finite")
-        await cache.lookup_similar(ticket, vector)
+        await cache.lookup_similar(ticket, cache.unit_vector(values))
     except (RedisError, ValueError):
         log.warning("semantic cache unavailable", exc_info=True)
         ticket.semantic, ticket.reason = None, "semantic-unavailable"
