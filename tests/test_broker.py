@@ -8,14 +8,20 @@ probes stopped — until someone restarted it.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import signal
+import time
+from typing import Any, cast
 
 import pytest
 import redis as redis_lib
+from kombu import Connection, Queue
+from kombu.message import Message
 
 from billing.spool import USAGE_STREAM
 from controlplane.celery import app
 from tests.conftest import test_database_url
+from tests.engines import LOG_DIR
 from tests.live import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,5 +54,46 @@ def test_the_worker_outlives_redis_restarts_in_the_middle_of_its_work(
         kill()
         start()  # empty: the backlog is gone, the worker's messages in hand with it
         # The worker reconnects (2 s, then 4 s...) and runs the beat's next flush.
-        wait_for(lambda: flushed() or worker.poll() is not None, timeout=60)
+        try:
+            wait_for(lambda: flushed() or worker.poll() is not None, timeout=60)
+        except AssertionError:
+            pytest.fail(f"the worker stopped working; where it is:\n{_stacks(worker.pid)}")
         assert worker.poll() is None, "the worker exited"
+
+
+def _stacks(pid: int) -> str:
+    """The worker's threads' stacks: Celery logs them on SIGUSR1 (its "cry" handler)."""
+    log = LOG_DIR / "broker-worker.log"
+    before = log.stat().st_size
+    os.kill(pid, signal.SIGUSR1)
+    time.sleep(2)  # the handler runs in the worker: nothing to wait on but its log
+    with log.open("rb") as f:
+        f.seek(before)
+        return f.read(20_000).decode(errors="replace")
+
+
+def test_an_acknowledgement_lost_with_redis_does_not_use_up_the_prefetch(
+    private_redis: tuple[str, Any],
+) -> None:
+    """kombu counts a message as in hand until its acknowledgement reaches Redis. One that
+    fails because Redis is gone stayed counted for good: a worker whose prefetch filled up
+    that way stopped taking messages, and stopped watching its connection (seen: idle, every
+    process waiting, while tasks queued)."""
+    url, (start, kill) = private_redis
+    with Connection(url, transport="controlplane.broker:Transport") as connection:
+        channel: Any = connection.default_channel  # kombu's Redis channel
+        channel.basic_qos(0, 2, False)
+        queue = Queue("probe", channel=channel)
+        queue.declare()
+        producer = connection.Producer(channel)
+        for i in range(2):
+            producer.publish({"n": i}, routing_key="probe")
+        messages = [queue.get(no_ack=False) for _ in range(2)]
+        assert None not in messages
+        assert not channel.qos.can_consume()  # the prefetch is full
+        kill()
+        for message in cast(list[Message], messages):
+            with pytest.raises(redis_lib.ConnectionError):  # Celery logs "Couldn't ack"
+                message.ack()
+        start()
+        assert channel.qos.can_consume()  # nothing is in hand any more
