@@ -4,6 +4,7 @@ read-only views of the ledger and its rollups."""
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -18,6 +19,14 @@ from tenants.models import User
 
 
 class PriceForm(forms.ModelForm[Price]):
+    # The priority classes' rates: blank is 0 (standard pays the price as it is).
+    interactive_surcharge_percent = forms.DecimalField(
+        required=False, min_value=0, max_digits=5, decimal_places=2, initial=0
+    )
+    background_discount_percent = forms.DecimalField(
+        required=False, min_value=0, max_value=100, max_digits=5, decimal_places=2, initial=0
+    )
+
     class Meta:
         model = Price
         fields = [
@@ -27,8 +36,16 @@ class PriceForm(forms.ModelForm[Price]):
             "cached_input_per_mtok",
             "output_per_mtok",
             "batch_discount_percent",
+            "interactive_surcharge_percent",
+            "background_discount_percent",
             "effective_from",
         ]
+
+    def clean_interactive_surcharge_percent(self) -> Decimal:
+        return self.cleaned_data["interactive_surcharge_percent"] or Decimal(0)
+
+    def clean_background_discount_percent(self) -> Decimal:
+        return self.cleaned_data["background_discount_percent"] or Decimal(0)
 
     def clean_effective_from(self) -> Any:
         value = self.cleaned_data["effective_from"]
@@ -70,6 +87,8 @@ class PriceAdmin(admin.ModelAdmin[Price]):
             cached_input_per_mtok=obj.cached_input_per_mtok,
             output_per_mtok=obj.output_per_mtok,
             batch_discount_percent=obj.batch_discount_percent,
+            interactive_surcharge_percent=obj.interactive_surcharge_percent,
+            background_discount_percent=obj.background_discount_percent,
             effective_from=obj.effective_from,
             actor=request.user if isinstance(request.user, User) else None,
         )

@@ -62,6 +62,8 @@ class UsageRecord(models.Model):
     error = models.CharField(max_length=300, blank=True)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField()
+    # The priority class it ran in (tenants.priority): a class can carry its own price.
+    priority = models.CharField(max_length=16, default="standard")
 
     class Meta:
         # Reads by tenant and time use the btree; reads by time alone (month closing,
@@ -110,6 +112,19 @@ class Price(models.Model):
     batch_discount_percent = models.DecimalField(
         max_digits=5, decimal_places=2, default=0, help_text="Off every batch-mode token."
     )
+    # The priority classes' own prices (docs/priority.md): standard pays the price as it is.
+    interactive_surcharge_percent = models.DecimalField(
+        max_digits=5,
+        decimal_places=2,
+        default=0,
+        help_text="On every token of an online request in the interactive class.",
+    )
+    background_discount_percent = models.DecimalField(
+        max_digits=5,
+        decimal_places=2,
+        default=0,
+        help_text="Off every token of an online request in the background class.",
+    )
     effective_from = models.DateTimeField()
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -129,10 +144,14 @@ class Price(models.Model):
                 & models.Q(cached_input_per_mtok__gte=0)
                 & models.Q(output_per_mtok__gte=0)
                 & models.Q(batch_discount_percent__gte=0)
-                & models.Q(batch_discount_percent__lte=100),
+                & models.Q(batch_discount_percent__lte=100)
+                & models.Q(interactive_surcharge_percent__gte=0)
+                & models.Q(background_discount_percent__gte=0)
+                & models.Q(background_discount_percent__lte=100),
                 name="price_not_negative",
                 violation_error_message=(
-                    "Prices cannot be negative, and the batch discount must be 0-100 percent."
+                    "Prices and the interactive surcharge cannot be negative, and the batch "
+                    "and background discounts must be 0-100 percent."
                 ),
             ),
         ]

@@ -4,7 +4,9 @@ Unit: a price per 1M tokens in dollars is the price of one token in micro-dollar
 record's cost in micro-dollars is the sum of its token counts times the prices, as an
 exact ``Decimal``, rounded once (half up) to a whole micro-dollar. Prompt tokens served
 from the prefix cache are charged at the cached-input price, the rest at the input price.
-Batch-mode records get the price's batch discount on the whole amount before rounding.
+Batch-mode records get the price's batch discount on the whole amount before rounding; online
+records of the interactive class its interactive surcharge, of the background class its
+background discount (docs/priority.md), the same way.
 The price is the one in force when the request started: the tenant's contract price if it
 has one in force then, otherwise the list price.
 """
@@ -36,6 +38,9 @@ def cost_micros(
     prompt_tokens: int,
     cached_tokens: int,
     completion_tokens: int,
+    priority: str = "standard",
+    interactive_surcharge_percent: Decimal = Decimal(0),
+    background_discount_percent: Decimal = Decimal(0),
 ) -> int:
     cached = min(max(cached_tokens, 0), prompt_tokens)
     amount = (
@@ -43,8 +48,16 @@ def cost_micros(
         + cached * cached_input_per_mtok
         + completion_tokens * output_per_mtok
     )
-    if batch and batch_discount_percent:
-        amount = amount * (_HUNDRED - batch_discount_percent) / _HUNDRED
+    if batch:  # a batch line is priced as batch work, whatever its class
+        percent = -batch_discount_percent
+    elif priority == "interactive":
+        percent = interactive_surcharge_percent
+    elif priority == "background":
+        percent = -background_discount_percent
+    else:
+        percent = Decimal(0)
+    if percent:
+        amount = amount * (_HUNDRED + percent) / _HUNDRED
     return int(amount.quantize(_ONE, rounding=ROUND_HALF_UP))
 
 
@@ -55,6 +68,7 @@ def price_of(
     completion_tokens: int,
     cached_tokens: int = 0,
     batch: bool = False,
+    priority: str = "standard",
 ) -> int:
     """What tokens cost at a price row of the catalog (``contract.price_in_force``), for the
     gateway's spend budgets; the ledger fixes the billed cost itself, with the same
@@ -70,11 +84,20 @@ def price_of(
         prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens,
         completion_tokens=completion_tokens,
+        priority=priority,
+        interactive_surcharge_percent=rates.interactive_surcharge_percent,
+        background_discount_percent=rates.background_discount_percent,
     )
 
 
 def usage_cost_micros(
-    *, price: Price, mode: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int
+    *,
+    price: Price,
+    mode: str,
+    prompt_tokens: int,
+    cached_tokens: int,
+    completion_tokens: int,
+    priority: str = "standard",
 ) -> int:
     return cost_micros(
         input_per_mtok=price.input_per_mtok,
@@ -85,6 +108,9 @@ def usage_cost_micros(
         prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens,
         completion_tokens=completion_tokens,
+        priority=priority,
+        interactive_surcharge_percent=price.interactive_surcharge_percent,
+        background_discount_percent=price.background_discount_percent,
     )
 
 
@@ -133,6 +159,7 @@ class PriceBook:
             prompt_tokens=record.prompt_tokens,
             cached_tokens=record.cached_tokens,
             completion_tokens=record.completion_tokens,
+            priority=record.priority,
         )
 
 
@@ -149,6 +176,8 @@ def prices_for_catalog(*, at: datetime) -> dict[str, Prices]:
                 cached_input_per_mtok=price.cached_input_per_mtok,
                 output_per_mtok=price.output_per_mtok,
                 batch_discount_percent=price.batch_discount_percent,
+                interactive_surcharge_percent=price.interactive_surcharge_percent,
+                background_discount_percent=price.background_discount_percent,
             )
         )
     # Keep only what can still apply: the last price started before ``at`` and later ones.

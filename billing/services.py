@@ -268,6 +268,8 @@ def price_set(
     cached_input_per_mtok: Decimal | None = None,
     output_per_mtok: Decimal,
     batch_discount_percent: Decimal = Decimal(0),
+    interactive_surcharge_percent: Decimal = Decimal(0),
+    background_discount_percent: Decimal = Decimal(0),
     effective_from: datetime | None = None,
     tenant: Tenant | None = None,
     actor: User | None,
@@ -292,6 +294,8 @@ def price_set(
         ),
         output_per_mtok=output_per_mtok,
         batch_discount_percent=batch_discount_percent,
+        interactive_surcharge_percent=interactive_surcharge_percent,
+        background_discount_percent=background_discount_percent,
         effective_from=effective_from,
     )
     price.full_clean()
@@ -308,6 +312,8 @@ def price_set(
                 "cached_input_per_mtok": str(price.cached_input_per_mtok),
                 "output_per_mtok": str(price.output_per_mtok),
                 "batch_discount_percent": str(price.batch_discount_percent),
+                "interactive_surcharge_percent": str(price.interactive_surcharge_percent),
+                "background_discount_percent": str(price.background_discount_percent),
                 "effective_from": price.effective_from.isoformat(),
             },
         )

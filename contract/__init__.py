@@ -33,6 +33,9 @@ class PriceRow(msgspec.Struct, frozen=True, array_like=True):
     cached_input_per_mtok: Decimal
     output_per_mtok: Decimal
     batch_discount_percent: Decimal
+    # The priority classes' prices (a catalog published before they existed has none).
+    interactive_surcharge_percent: Decimal = Decimal(0)
+    background_discount_percent: Decimal = Decimal(0)
 
 
 # Per scope — "list", or "tenant:<id>" for a contract price — the rows still applicable,
@@ -209,6 +212,7 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     error: str = ""
     started_at: datetime
     finished_at: datetime
+    priority: str = "standard"  # the priority class it ran in (tenants.priority)
     cost_micros: int | None = None  # fixed by the ledger at insert when absent
 
 

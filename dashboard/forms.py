@@ -12,6 +12,7 @@ from adapters.models import adapter_name_validator
 from batches.wire import ENDPOINTS
 from fleet.models import Model, Pool
 from tenants.models import MAX_BUDGET, MAX_RATE, ApiKey, Role, Tenant, User
+from tenants.priority import DEFAULT_CLASS, PriorityClass
 
 
 class KeyCreateForm(forms.Form):
@@ -142,7 +143,20 @@ class LimitsForm(forms.Form):
 
 
 class KeyLimitsForm(LimitsForm):
-    """Owners and admins narrow one key inside its tenant's limits (blank: the tenant's)."""
+    """Owners and admins narrow one key inside its tenant's limits (blank: the tenant's), and
+    its priority class below its tenant's (docs/priority.md)."""
+
+    priority_class = forms.ChoiceField(
+        required=False,
+        choices=[("", "The tenant's"), *PriorityClass.choices],
+        label="Priority class",
+    )
+
+    @classmethod
+    def for_key(cls, key: ApiKey) -> KeyLimitsForm:
+        initial = cls.initial_for(key)
+        initial.update(priority_class=key.priority_class)
+        return cls(initial=initial)
 
 
 class TenantLimitsForm(LimitsForm):
@@ -158,13 +172,20 @@ class TenantLimitsForm(LimitsForm):
         required=False, min_value=1, max_value=MAX_BUDGET, label="Batch tokens queued"
     )
     weight = forms.IntegerField(min_value=1, max_value=1000, label="Fair-share weight")
+    priority_class = forms.ChoiceField(
+        required=False,
+        choices=[("", "Unchanged"), *PriorityClass.choices],
+        label="Priority class",
+    )
     status = forms.ChoiceField(choices=Tenant.Status.choices)
 
     @classmethod
     def for_tenant(cls, tenant: Tenant) -> TenantLimitsForm:
         initial = cls.initial_for(tenant)
         initial.update({name: getattr(tenant, name) for name in Tenant.QUOTA_NAMES})
-        initial.update(weight=tenant.weight, status=tenant.status)
+        initial.update(
+            weight=tenant.weight, priority_class=tenant.priority_class, status=tenant.status
+        )
         return cls(initial=initial)
 
     def limits(self) -> dict[str, int | None]:
@@ -264,6 +285,12 @@ class TenantCreateForm(forms.Form):
     slug = forms.SlugField(max_length=40, help_text="In URLs and adapter names: a-z, 0-9, -.")
     name = forms.CharField(max_length=200, required=False)
     weight = forms.IntegerField(min_value=1, max_value=1000, initial=1, label="Fair-share weight")
+    priority_class = forms.ChoiceField(
+        required=False,
+        choices=PriorityClass.choices,
+        initial=DEFAULT_CLASS,
+        label="Priority class",
+    )
 
 
 class PoolForm(forms.ModelForm[Pool]):
@@ -351,6 +378,29 @@ class PriceForm(forms.Form):
     batch_discount_percent = forms.DecimalField(
         min_value=0, max_value=100, decimal_places=2, initial=0, label="Batch discount %"
     )
+    interactive_surcharge_percent = forms.DecimalField(
+        required=False,
+        min_value=0,
+        max_digits=5,
+        decimal_places=2,
+        initial=0,
+        label="Interactive surcharge % (blank: 0)",
+    )
+    background_discount_percent = forms.DecimalField(
+        required=False,
+        min_value=0,
+        max_value=100,
+        decimal_places=2,
+        initial=0,
+        label="Background discount % (blank: 0)",
+    )
+
+    def clean_interactive_surcharge_percent(self) -> Decimal:
+        return self.cleaned_data["interactive_surcharge_percent"] or Decimal(0)
+
+    def clean_background_discount_percent(self) -> Decimal:
+        return self.cleaned_data["background_discount_percent"] or Decimal(0)
+
     effective_from = forms.DateTimeField(
         required=False, label="From (UTC, blank: now)", help_text="2026-12-01 00:00"
     )

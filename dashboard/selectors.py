@@ -208,6 +208,8 @@ def ops_snapshot(*, name: str | None = None) -> dict[str, Any]:
                     for t in sorted(set(state.running) | set(state.waiting))
                 ],
                 "queued": state.queued,
+                # What waits in each priority band, e.g. "3 interactive, 12 background".
+                "bands": ", ".join(f"{n} {band}" for band, n in state.by_band.items() if n),
                 "spark": sparks[pool.name],
             }
         )

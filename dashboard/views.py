@@ -62,6 +62,7 @@ from tenants import services
 from tenants.access import Perm, TenantAccess
 from tenants.keys import KEY_TAG
 from tenants.models import ApiKey, Invitation, Membership, Role, Tenant
+from tenants.priority import DEFAULT_CLASS
 
 CHART_DAYS = 30
 
@@ -250,7 +251,7 @@ def key_detail(request: HttpRequest, slug: str, key_id: int) -> HttpResponse:
         key = tenant_selectors.api_key_get(tenant=access.tenant, key_id=key_id)
     except ApiKey.DoesNotExist:
         raise Http404("No such key.") from None
-    form = forms.KeyLimitsForm(initial=forms.KeyLimitsForm.initial_for(key))
+    form = forms.KeyLimitsForm.for_key(key)
     status = 200
     if request.method == "POST":
         if not access.can(Perm.KEY_LIMITS_EDIT):
@@ -258,9 +259,15 @@ def key_detail(request: HttpRequest, slug: str, key_id: int) -> HttpResponse:
         form = forms.KeyLimitsForm(request.POST)
         if form.is_valid():
             try:
-                services.api_key_limits_update(
-                    api_key=key, actor=page_user(request), limits=form.limits()
-                )
+                with transaction.atomic():
+                    services.api_key_limits_update(
+                        api_key=key, actor=page_user(request), limits=form.limits()
+                    )
+                    services.api_key_priority_update(
+                        api_key=key,
+                        actor=page_user(request),
+                        priority_class=form.cleaned_data["priority_class"],
+                    )
             except ValidationError as exc:
                 _form_errors(form, exc)
             else:
@@ -1049,6 +1056,7 @@ def limits(request: HttpRequest, slug: str) -> HttpResponse:
                         tenant=tenant,
                         actor=page_user(request),
                         weight=form.cleaned_data["weight"],
+                        priority_class=form.cleaned_data["priority_class"] or None,
                         status=form.cleaned_data["status"],
                     )
             except ValidationError as exc:
@@ -1271,6 +1279,7 @@ def ops_tenant_create(request: HttpRequest) -> HttpResponse:
                 slug=form.cleaned_data["slug"],
                 name=form.cleaned_data["name"],
                 weight=form.cleaned_data["weight"],
+                priority_class=form.cleaned_data["priority_class"] or DEFAULT_CLASS,
                 actor=page_user(request),
             )
         except ValidationError as exc:
@@ -1301,6 +1310,8 @@ def ops_prices(request: HttpRequest) -> HttpResponse:
                     cached_input_per_mtok=data["cached_input_per_mtok"],
                     output_per_mtok=data["output_per_mtok"],
                     batch_discount_percent=data["batch_discount_percent"],
+                    interactive_surcharge_percent=data["interactive_surcharge_percent"],
+                    background_discount_percent=data["background_discount_percent"],
                     effective_from=start.astimezone(UTC) if start else None,
                     actor=page_user(request),
                 )

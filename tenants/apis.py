@@ -31,6 +31,7 @@ from tenants.models import (
     User,
     tighter,
 )
+from tenants.priority import DEFAULT_CLASS, PriorityClass
 
 MICROS = Decimal(1_000_000)
 
@@ -140,7 +141,7 @@ class TenantOutputSerializer(serializers.ModelSerializer[Tenant]):
 
     class Meta:
         model = Tenant
-        fields = ["slug", "name", "status", "weight", "limits", "created_at"]
+        fields = ["slug", "name", "status", "weight", "priority_class", "limits", "created_at"]
 
 
 class TenantListApi(APIView):
@@ -157,6 +158,9 @@ class TenantCreateApi(APIView):
         slug = serializers.CharField(max_length=40)
         name = serializers.CharField(max_length=200, required=False, allow_blank=True)
         weight = serializers.IntegerField(min_value=1, max_value=1000, default=1)
+        priority_class = serializers.ChoiceField(
+            choices=PriorityClass.choices, default=DEFAULT_CLASS
+        )
 
     @extend_schema(request=InputSerializer, responses={201: TenantOutputSerializer})
     def post(self, request: Request) -> Response:
@@ -166,6 +170,7 @@ class TenantCreateApi(APIView):
             slug=data.validated_data["slug"],
             name=data.validated_data.get("name", ""),
             weight=data.validated_data["weight"],
+            priority_class=data.validated_data["priority_class"],
             limits=data.to_limits(),
             actor=request_user(request),
         )
@@ -193,6 +198,7 @@ class TenantUpdateApi(APIView):
         name = serializers.CharField(max_length=200, required=False)
         status = serializers.ChoiceField(choices=Tenant.Status.choices, required=False)
         weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+        priority_class = serializers.ChoiceField(choices=PriorityClass.choices, required=False)
 
     @extend_schema(request=InputSerializer, responses=TenantOutputSerializer)
     def post(self, request: Request, slug: str) -> Response:
@@ -430,6 +436,9 @@ class ApiKeyOutputSerializer(serializers.ModelSerializer[ApiKey]):
     created_by = serializers.CharField(source="created_by.username", default=None)
     limits = LimitsOutputSerializer(source="*", help_text="This key's own overrides.")
     effective_limits = serializers.SerializerMethodField()
+    effective_priority_class = serializers.SerializerMethodField(
+        help_text="The class its requests run in (the key's, else its tenant's)."
+    )
 
     class Meta:
         model = ApiKey
@@ -447,10 +456,15 @@ class ApiKeyOutputSerializer(serializers.ModelSerializer[ApiKey]):
             "limits",
             "effective_limits",
             "use_response_cache",
+            "priority_class",
+            "effective_priority_class",
         ]
 
     def get_effective_limits(self, obj: ApiKey) -> dict[str, Any]:
         return _effective(obj)
+
+    def get_effective_priority_class(self, obj: ApiKey) -> str:
+        return obj.effective_priority_class
 
 
 class ApiKeyIssuedSerializer(ApiKeyOutputSerializer):
@@ -492,6 +506,9 @@ class ApiKeyCreateApi(APIView):
             allow_empty=False,
         )
         expires_at = serializers.DateTimeField(required=False, allow_null=True)
+        priority_class = serializers.ChoiceField(
+            choices=[("", "the tenant's"), *PriorityClass.choices], required=False
+        )
 
     @extend_schema(request=InputSerializer, responses={201: ApiKeyIssuedSerializer})
     def post(self, request: Request, slug: str) -> Response:
@@ -499,8 +516,11 @@ class ApiKeyCreateApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         limits = data.to_limits()
-        if limits and not access.can(Perm.KEY_LIMITS_EDIT):
-            raise exceptions.PermissionDenied("Your role does not allow setting key limits.")
+        priority_class = data.validated_data.get("priority_class", "")
+        if (limits or priority_class) and not access.can(Perm.KEY_LIMITS_EDIT):
+            raise exceptions.PermissionDenied(
+                "Your role does not allow setting key limits or a key's priority class."
+            )
         issued = services.api_key_create(
             tenant=access.tenant,
             name=data.validated_data["name"],
@@ -508,6 +528,7 @@ class ApiKeyCreateApi(APIView):
             scopes=data.validated_data.get("scopes"),
             expires_at=data.validated_data.get("expires_at"),
             limits=limits,
+            priority_class=priority_class,
         )
         return Response(_issued(issued), status=status.HTTP_201_CREATED)
 
@@ -560,6 +581,29 @@ class ApiKeyLimitsUpdateApi(APIView):
         data.is_valid(raise_exception=True)
         key = services.api_key_limits_update(
             api_key=key, actor=request_user(request), limits=data.to_limits()
+        )
+        return Response(ApiKeyOutputSerializer(key).data)
+
+
+class ApiKeyPriorityUpdateApi(APIView):
+    """The priority class the key's requests run in: blank for its tenant's, or a lower one
+    (docs/priority.md)."""
+
+    class InputSerializer(serializers.Serializer[Any]):
+        priority_class = serializers.ChoiceField(
+            choices=[("", "the tenant's"), *PriorityClass.choices], allow_blank=True
+        )
+
+    @extend_schema(request=InputSerializer, responses=ApiKeyOutputSerializer)
+    def post(self, request: Request, slug: str, key_id: int) -> Response:
+        access = tenant_access(request, slug, Perm.KEY_LIMITS_EDIT)
+        key = selectors.api_key_get(tenant=access.tenant, key_id=key_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = services.api_key_priority_update(
+            api_key=key,
+            actor=request_user(request),
+            priority_class=data.validated_data["priority_class"],
         )
         return Response(ApiKeyOutputSerializer(key).data)
 

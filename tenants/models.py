@@ -8,6 +8,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
+from tenants.priority import DEFAULT_CLASS, PriorityClass, lowest
+
 SLUG_RE = r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$"
 slug_validator = RegexValidator(
     SLUG_RE,
@@ -95,6 +97,12 @@ class Tenant(LimitFields):
         validators=[MinValueValidator(1), MaxValueValidator(1000)],
         help_text="Fair-share weight: a tenant of weight 2 gets twice the tokens of weight 1 "
         "when both are backlogged.",
+    )
+    priority_class = models.CharField(
+        max_length=16,
+        choices=PriorityClass.choices,
+        default=DEFAULT_CLASS,
+        help_text="The highest priority class its requests may run in (docs/priority.md).",
     )
     # Quotas on what a tenant keeps and queues (files, batches); blank: the platform's
     # default (settings.INFERPLANE_QUOTA_DEFAULTS, which the operator sets). docs/isolation.md.
@@ -233,6 +241,10 @@ class ApiKey(LimitFields):
     last_used_at = models.DateTimeField(null=True, blank=True)
     # A key can keep its requests out of its tenant's response cache (docs/cache.md).
     use_response_cache = models.BooleanField(default=True)
+    # Blank: the tenant's class; set: a lower one for this key's requests (docs/priority.md).
+    priority_class = models.CharField(
+        max_length=16, choices=PriorityClass.choices, blank=True, default=""
+    )
     rotated_from = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="rotated_to"
     )
@@ -243,6 +255,13 @@ class ApiKey(LimitFields):
 
     def __str__(self) -> str:
         return f"{self.display_prefix} ({self.name})"
+
+    @property
+    def effective_priority_class(self) -> str:
+        """The class its requests run in: its own, never above its tenant's."""
+        if not self.priority_class:
+            return self.tenant.priority_class
+        return lowest(self.tenant.priority_class, self.priority_class)
 
     @property
     def display_prefix(self) -> str:

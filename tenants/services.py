@@ -28,6 +28,7 @@ from tenants.models import (
     Tenant,
     User,
 )
+from tenants.priority import DEFAULT_CLASS, PRIORITY_CLASSES, band
 from tenants.signals import keys_changed, response_cache_reset
 
 logger = logging.getLogger(__name__)
@@ -90,10 +91,11 @@ def tenant_create(
     slug: str,
     name: str = "",
     weight: int = 1,
+    priority_class: str = DEFAULT_CLASS,
     limits: Mapping[str, int | None] | None = None,
     actor: User | None,
 ) -> Tenant:
-    tenant = Tenant(slug=slug, name=name or slug, weight=weight)
+    tenant = Tenant(slug=slug, name=name or slug, weight=weight, priority_class=priority_class)
     _apply_limits(tenant, limits or {})
     if Tenant.objects.filter(slug=slug).exists():
         raise ValidationError({"slug": f"A tenant with slug {slug!r} already exists."})
@@ -108,7 +110,7 @@ def tenant_create(
         tenant=tenant,
         action="tenant.create",
         target=tenant,
-        details={"weight": weight, "limits": tenant.limits()},
+        details={"weight": weight, "priority_class": priority_class, "limits": tenant.limits()},
     )
     return tenant
 
@@ -143,8 +145,14 @@ def tenant_update(
     name: str | None = None,
     status: str | None = None,
     weight: int | None = None,
+    priority_class: str | None = None,
 ) -> Tenant:
-    changes = _set_given(tenant, {"name": name, "status": status, "weight": weight})
+    """Name, status, fair-share weight and priority class (the highest class its requests
+    may run in; a key narrowed to a class above the new one runs in the new one)."""
+    changes = _set_given(
+        tenant,
+        {"name": name, "status": status, "weight": weight, "priority_class": priority_class},
+    )
     return _tenant_save(tenant, actor=actor, action="tenant.update", changes=changes)
 
 
@@ -451,6 +459,7 @@ def api_key_create(
     scopes: Sequence[str] | None = None,
     expires_at: datetime | None = None,
     limits: Mapping[str, int | None] | None = None,
+    priority_class: str = "",
     rotated_from: ApiKey | None = None,
 ) -> IssuedKey:
     scopes = list(scopes) if scopes is not None else list(ApiKey.Scope.values)
@@ -471,6 +480,7 @@ def api_key_create(
         rotated_from=rotated_from,
     )
     _apply_limits(api_key, limits or {})
+    api_key.priority_class = _key_class_checked(tenant, priority_class)
     api_key.full_clean()
     api_key.save()
     audit_record(
@@ -518,6 +528,7 @@ def api_key_rotate(
         scopes=api_key.scopes,
         expires_at=api_key.expires_at,
         limits=api_key.limits(),
+        priority_class=api_key.priority_class,
         rotated_from=api_key,
     )
     if not api_key.use_response_cache:  # the new key keeps the old one's choice
@@ -558,6 +569,40 @@ def api_key_limits_update(
             target=api_key,
             details=changes,
         )
+        _key_changed(api_key)
+    return api_key
+
+
+def _key_class_checked(tenant: Tenant, priority_class: str) -> str:
+    """A key's class: blank (its tenant's) or one no higher than its tenant's."""
+    if priority_class and (
+        priority_class not in PRIORITY_CLASSES or band(priority_class) < band(tenant.priority_class)
+    ):
+        allowed = PRIORITY_CLASSES[band(tenant.priority_class) :]
+        raise ValidationError(
+            {
+                "priority_class": f"A key of tenant {tenant.slug} may be narrowed to "
+                f"{', '.join(allowed)}, or left blank for the tenant's "
+                f"({tenant.priority_class})."
+            }
+        )
+    return priority_class
+
+
+@transaction.atomic
+def api_key_priority_update(*, api_key: ApiKey, actor: User | None, priority_class: str) -> ApiKey:
+    """The class the key's requests run in: blank for its tenant's, or a lower one."""
+    priority_class = _key_class_checked(api_key.tenant, priority_class)
+    if api_key.priority_class != priority_class:
+        audit_record(
+            actor=actor,
+            tenant=api_key.tenant,
+            action="api_key.priority",
+            target=api_key,
+            details={"priority_class": [api_key.priority_class, priority_class]},
+        )
+        api_key.priority_class = priority_class
+        api_key.save(update_fields=["priority_class"])
         _key_changed(api_key)
     return api_key
 

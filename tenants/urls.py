@@ -70,6 +70,11 @@ urlpatterns = [
         name="key-limits-update",
     ),
     path(
+        "tenants/<slug:slug>/keys/<int:key_id>/priority/update/",
+        apis.ApiKeyPriorityUpdateApi.as_view(),
+        name="key-priority-update",
+    ),
+    path(
         "tenants/<slug:slug>/keys/<int:key_id>/cache/update/",
         apis.ApiKeyCacheUpdateApi.as_view(),
         name="key-cache-update",

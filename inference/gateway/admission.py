@@ -1,14 +1,15 @@
 """Token-weighted fair admission (Virtual Token Counter) over Redis, global across processes.
 
-Per pool, under one hash tag (``ip:{p:<pool>}:``):
-  counters      hash   tenant -> virtual token counter (weighted service received)
+Per pool, under one hash tag (``ip:{p:<pool>}:``), with ``<b>`` a priority band (0 first):
+  counters:<b>  hash   tenant -> virtual token counter (weighted service received in the band)
   active        hash   tenant -> requests running (or holding a slot)
   idle_since    hash   tenant -> when it last had nothing running
   holds         zset   "tenant|replica|rid" -> expiry: slots kept for a returning tenant
-  backlog       zset   backlogged tenants, scored by counter
-  q:<tenant>    list   that tenant's waiting request ids (``fcfs``: one list for all)
+  backlog:<b>   zset   the band's backlogged tenants, scored by counter
+  q:<b>:<tenant> list  that tenant's waiting request ids in the band (``fcfs:<b>``: one list)
+  passed        hash   band -> admissions of higher bands since it last had one, while it waited
   req:<rid>     hash   tenant, weight, estimate, sequences, process, prefix, deadline, state,
-                       replica
+                       replica, band
   inflight      zset   admitted request ids by lease expiry (renewed while they run)
   replicas      hash   ready replica id -> capacity (``catalog_publish`` writes it)
   rload         hash   replica id -> sequences in flight (a request runs prompts x n of them)
@@ -18,7 +19,11 @@ Capacity counts sequences, not requests: a request of 8 prompts with n=2 takes 1
 replica's ``max_inflight`` slots (one larger than a replica is refused before it gets here),
 so no request shape can put more work on an engine than its share.
 
-Admitting picks the backlogged tenant with the smallest counter, charges it
+Bands are served in strict order (a request's band is its priority class, see
+``inference.gateway.priority``), except for the starvation guard: a lower band passed over
+``SHARE - 1`` admissions in a row while it waited takes the next one, so a flood at the top
+leaves every lower band at least one admission in ``SHARE``. Inside a band, admitting picks
+the backlogged tenant with the smallest counter, charges it
 ``w_in·prompt_estimate / weight`` and routes the request (least loaded replica; among
 near-least-loaded ones, rendezvous hashing of the prompt's prefix for cache affinity; for a
 LoRA adapter, the least loaded replica already holding it, see ``inference.gateway.lora``).
@@ -47,6 +52,7 @@ from inference.catalog import pool_prefix
 from inference.gateway.errors import overloaded
 from inference.gateway.lua import Batch, Script
 from inference.gateway.redis import redis_async
+from tenants.priority import DEFAULT_CLASS, PRIORITY_CLASSES
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +67,13 @@ IDLE_GRACE_MS = 1000  # a pause shorter than this between a tenant's requests is
 # waits for its room with nobody passing it; the next tenants looked at for one that fits.
 BACKFILL_MS = 2000
 BACKFILL_SCAN = 8
+BANDS, DEFAULT_BAND = len(PRIORITY_CLASSES), PRIORITY_CLASSES.index(DEFAULT_CLASS)
+SHARE = 10  # the starvation guard: a waiting lower band gets at least 1 admission in SHARE
 # The Lua scripts' (inference/gateway/lua/admission/) numbers, from here.
 _CONSTANTS = {
+    "BANDS": BANDS,
+    "DEFAULT_BAND": DEFAULT_BAND,
+    "SHARE": SHARE,
     "HOLD": HOLD_MS,
     "IDLE_GRACE": IDLE_GRACE_MS,
     "BACKFILL": BACKFILL_MS,
@@ -70,7 +81,7 @@ _CONSTANTS = {
 }
 
 
-# ARGV: lease slack rid tenant weight est proc prefix wait_ms adapter seqs
+# ARGV: lease slack rid tenant weight est proc prefix wait_ms adapter seqs band
 ENQUEUE = Script("admission", "enqueue", constants=_CONSTANTS)
 
 # ARGV: lease slack  ->  held slots left (expired holds are released, waiters admitted)
@@ -132,6 +143,7 @@ class Admission:
         limit_member: str = "",
         adapter: str = "",
         sequences: int = 1,
+        band: int = DEFAULT_BAND,
     ) -> str:
         """Wait for a slot; the replica id to send the request to. 503 after the wait."""
         self._start(pool)
@@ -160,6 +172,7 @@ class Admission:
                         int(wait_seconds * 1000),
                         adapter,
                         sequences,
+                        band,
                     ),
                 )
             )
@@ -330,8 +343,9 @@ class QueueState:
 
     in_flight: dict[str, int]  # replica id -> sequences running on it
     running: dict[int, int]  # tenant id -> requests running
-    waiting: dict[int, int]  # tenant id -> requests queued (VTC)
+    waiting: dict[int, int]  # tenant id -> requests queued (VTC), every band
     fcfs_waiting: int  # requests queued under the FCFS policy
+    by_band: dict[str, int]  # priority class -> requests queued in its band
 
     @property
     def queued(self) -> int:
@@ -346,32 +360,41 @@ def queue_state(pool: str) -> QueueState:
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(base + "rload")
     pipe.hgetall(base + "active")
-    pipe.zrange(base + "backlog", 0, -1)
-    pipe.llen(base + "fcfs")
-    rload, active, backlog, fcfs = pipe.execute()
-    waiting: dict[int, int] = {}
-    if backlog:
-        pipe = client.pipeline(transaction=False)
-        for tenant_id in backlog:
-            pipe.llen(base + "q:" + tenant_id.decode())
-        waiting = {int(t): n for t, n in zip(backlog, pipe.execute(), strict=True) if n}
+    for band in range(BANDS):
+        pipe.zrange(f"{base}backlog:{band}", 0, -1)
+        pipe.llen(f"{base}fcfs:{band}")
+    rload, active, *queues = pipe.execute()
+    backlogs, fcfs = queues[0::2], [int(n) for n in queues[1::2]]
+    pipe = client.pipeline(transaction=False)
+    lists = [(band, t) for band, tenants in enumerate(backlogs) for t in tenants]
+    for band, t in lists:
+        pipe.llen(f"{base}q:{band}:{t.decode()}")
+    waiting: Counter[int] = Counter()
+    by_band = dict.fromkeys(PRIORITY_CLASSES, 0)
+    for (band, t), n in zip(lists, pipe.execute() if lists else [], strict=True):
+        waiting[int(t)] += n
+        by_band[PRIORITY_CLASSES[band]] += n
+    for band, n in enumerate(fcfs):
+        by_band[PRIORITY_CLASSES[band]] += n
     return QueueState(
         in_flight={r.decode(): int(n) for r, n in rload.items()},
         running={int(t): int(n) for t, n in active.items() if int(n) > 0},
-        waiting=waiting,
-        fcfs_waiting=int(fcfs),
+        waiting={t: n for t, n in waiting.items() if n},
+        fcfs_waiting=sum(fcfs),
+        by_band=by_band,
     )
 
 
 def adapter_in_use(pool: str, *, tenant_id: int, engine_name: str) -> bool:
     """Whether a request for the adapter is admitted, or waiting for admission, in ``pool``
-    (waiting ones are in their tenant's queue, or the pool's one queue under fcfs)."""
+    (waiting ones are in their tenant's queue of a band, or the band's one queue under fcfs)."""
     from controlplane.redis import redis_sync
 
     client, prefix = redis_sync(), pool_prefix(pool)
     rids = cast(list[bytes], client.zrange(prefix + "inflight", 0, -1))
-    rids += cast(list[bytes], client.lrange(f"{prefix}q:{tenant_id}", 0, -1))
-    rids += cast(list[bytes], client.lrange(prefix + "fcfs", 0, -1))
+    for band in range(BANDS):
+        rids += cast(list[bytes], client.lrange(f"{prefix}q:{band}:{tenant_id}", 0, -1))
+        rids += cast(list[bytes], client.lrange(f"{prefix}fcfs:{band}", 0, -1))
     pipe = client.pipeline(transaction=False)
     for rid in rids:
         pipe.hget(prefix + "req:" + rid.decode(), "adapter")

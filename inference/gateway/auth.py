@@ -25,6 +25,7 @@ from inference.keycache import (
 )
 from tenants.keys import digest_matches, key_parse
 from tenants.models import ApiKey, LimitFields, Tenant, tighter
+from tenants.priority import DEFAULT_CLASS
 
 L1_SECONDS = 1.0
 L1_MAX_ENTRIES = 50_000
@@ -47,6 +48,9 @@ class KeyInfo:
     # tenant has one, this key stays out of it; its TTL in seconds; the semantic cache's
     # similarity threshold and embedding model).
     cache: tuple[str, int, float, str] = ("off", 0, 1.0, "")
+    # The highest priority class its requests may run in (the key's, never above its
+    # tenant's: ``tenants.priority``); a request may ask for a lower one.
+    priority: str = DEFAULT_CLASS
 
     def limit(self, name: str) -> int:
         """The effective value of one limit (the tighter of key and tenant), 0 = none."""
@@ -67,6 +71,7 @@ class KeyInfo:
                 list(self.tenant_limits),
                 list(self.key_limits),
                 list(self.cache),
+                self.priority,
             ]
         )
 
@@ -91,6 +96,8 @@ class KeyInfo:
             tuple(v[8]),
             tuple(v[9]),
             cache,
+            # An entry written before priority classes existed has none (expires in minutes).
+            str(v[11]) if len(v) > 11 else DEFAULT_CLASS,
         )
 
 
@@ -128,6 +135,7 @@ def key_info_from_db(prefix: str) -> KeyInfo | None:
             key.tenant.response_cache_threshold,
             key.tenant.response_cache_embedding_model,
         ),
+        priority=key.effective_priority_class,
     )
 
 

@@ -21,6 +21,7 @@ from inference.gateway.cache import Ticket
 from inference.gateway.schema import (
     ParsedRequest,
 )
+from tenants.priority import DEFAULT_CLASS
 
 
 class MidStreamError(Exception):
@@ -133,6 +134,7 @@ class Call:
     beside: tuple[int, int] = (0, 0)
     # Its dealings with the tenant's response cache (``cache.Ticket``); None: no cache.
     cache: Ticket | None = None
+    priority: str = DEFAULT_CLASS  # the class it was admitted in (``gateway.priority``)
 
     def _move(self, to: State) -> None:
         if to not in _NEXT[self.state]:

@@ -3,7 +3,8 @@ them with the platform's state read at scrape time: ``controlplane.metrics``).
 
 Names are ``inferplane_*`` in base units (seconds, tokens). Labels come from a fixed
 allowlist: ``pool``, ``model`` (the public base model: never an adapter), ``endpoint``,
-``status`` (the ledger's), ``type`` (``errors.ERROR_KINDS``), ``kind`` and ``tenant`` (the
+``status`` (the ledger's), ``priority`` (the class), ``type`` (``errors.ERROR_KINDS``), ``kind``
+and ``tenant`` (the
 tenant's slug, for the first ``INFERPLANE_METRICS_TENANTS`` tenants this process sees; every
 later one is ``other``). Never a key, a request id or an adapter: a label's every value is a
 series Prometheus keeps, and a client must not be able to mint them.
@@ -59,8 +60,9 @@ REQUESTS = Counter(
     "(ok, error, cut_off, content_filter, cache_hit: answered from the tenant's response "
     "cache, docs/cache.md): each is one row of the usage ledger. route and "
     "target: the routed name asked for and the target that served it (a canary; the "
-    "target is a model's name or an adapter's version, v<N>), empty when not routed.",
-    ["pool", "model", "endpoint", "status", "tenant", "route", "target"],
+    "target is a model's name or an adapter's version, v<N>), empty when not routed. "
+    "priority: the class it ran in (interactive, standard, background; docs/priority.md).",
+    ["pool", "model", "endpoint", "status", "tenant", "route", "target", "priority"],
 )
 ERRORS = Counter(
     "inferplane_request_errors",
@@ -83,8 +85,9 @@ COST = Counter(
 )
 TTFT = Histogram(
     "inferplane_time_to_first_token_seconds",
-    "From the request's arrival to the engine's first event relayed (queue wait included).",
-    ["pool", "model", "tenant"],
+    "From the request's arrival to the engine's first event relayed (queue wait included), "
+    "by the priority class it ran in.",
+    ["pool", "model", "tenant", "priority"],
     buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
 )
 ITL = Histogram(
@@ -102,8 +105,9 @@ E2E = Histogram(
 )
 QUEUE_WAIT = Histogram(
     "inferplane_admission_queue_wait_seconds",
-    "How long a request waited for fair admission to a replica (0 when there was room).",
-    ["pool", "tenant"],
+    "How long a request waited for fair admission to a replica (0 when there was room), by "
+    "the priority class whose band it waited in.",
+    ["pool", "tenant", "priority"],
     buckets=QUEUE_WAIT_BUCKETS,
 )
 MODERATION_CHECKS = Counter(
@@ -181,7 +185,9 @@ def request_settled(
         # mint them); its targets are versions of one adapter.
         route = "adapter" if record.adapter else record.route
         target = f"v{record.adapter.rpartition(':')[2]}" if record.adapter else model
-    REQUESTS.labels(pool, model, endpoint, record.status, tenant, route, target).inc()
+    REQUESTS.labels(
+        pool, model, endpoint, record.status, tenant, route, target, record.priority
+    ).inc()
     TOKENS.labels(pool, model, "prompt", tenant).inc(record.prompt_tokens)
     TOKENS.labels(pool, model, "completion", tenant).inc(record.completion_tokens)
     if record.cached_tokens:
@@ -192,7 +198,7 @@ def request_settled(
     if record.status == "cache_hit":  # the pool did nothing: its latencies are not this
         return
     if record.ttft_ms is not None:
-        TTFT.labels(pool, model, tenant).observe(record.ttft_ms / 1000, exemplar)
+        TTFT.labels(pool, model, tenant, record.priority).observe(record.ttft_ms / 1000, exemplar)
     E2E.labels(pool, model, endpoint).observe(seconds, exemplar)
     if record.status != "ok":
         ERRORS.labels(endpoint, error_kind or _ENDED[record.status], tenant).inc()
@@ -209,8 +215,8 @@ def request_refused(error: ApiError, *, endpoint: str, tenant_slug: str | None) 
     ERRORS.labels(endpoint, error.kind, tenant).inc()
 
 
-def queue_waited(*, pool: str, tenant_slug: str, seconds: float) -> None:
-    QUEUE_WAIT.labels(pool, tenant_label(tenant_slug)).observe(seconds)
+def queue_waited(*, pool: str, tenant_slug: str, priority: str, seconds: float) -> None:
+    QUEUE_WAIT.labels(pool, tenant_label(tenant_slug), priority).observe(seconds)
 
 
 class TokenGaps:
@@ -246,7 +252,7 @@ class TokenGaps:
 def moderation_request(*, tenant_slug: str, model: str, status: str) -> None:
     """One ``/v1/moderations`` request: metered (a ledger row) like a completion."""
     tenant = tenant_label(tenant_slug)
-    REQUESTS.labels("", model, "moderations", status, tenant, "", "").inc()
+    REQUESTS.labels("", model, "moderations", status, tenant, "", "", "").inc()
     if status != "ok":
         ERRORS.labels("moderations", "upstream", tenant).inc()
 

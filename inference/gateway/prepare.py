@@ -30,6 +30,7 @@ from inference.gateway.auth import KeyInfo
 from inference.gateway.call import Adapter, Call, Route, State
 from inference.gateway.catalog import catalog_view
 from inference.gateway.errors import ApiError, invalid_request, model_not_found, overloaded
+from inference.gateway.priority import request_class
 from inference.gateway.salt import cache_salt, salted_prefix
 from inference.gateway.schema import (
     PREFILL_ONLY,
@@ -39,6 +40,7 @@ from inference.gateway.schema import (
     parse_request,
     upstream_body,
 )
+from tenants.priority import band
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +149,7 @@ async def prepare(
     view = catalog_view()
     catalog = await view.for_tenant(key.tenant_id)
     pool_name, found, adapter = _resolve(catalog, parsed.model, key, pool, endpoint)
+    priority = request_class(key, parsed.body.get("service_tier"), mode=mode)
     model = found.model
     pool_info = catalog.pools[pool_name]
     _check_fits(parsed, pool_info.max_inflight)
@@ -200,6 +203,7 @@ async def prepare(
             prompt_tokens=parsed.prompt_estimate,
             completion_tokens=completion_estimate,
             batch=mode == "batch",
+            priority=priority,
         ),
     )
     queued_at = time.perf_counter()
@@ -224,6 +228,7 @@ async def prepare(
                 grant,
                 adapter,
                 salted_prefix(salt, parsed.prefix_hash),
+                priority,
             )
         )
     except BaseException:
@@ -265,6 +270,7 @@ async def prepare(
         ledger=ledger,
         whole=whole,
         cache=ticket,
+        priority=priority,
     )
     if refusal is not None:
         call.fail(refusal, outcome=State.FILTERED)
@@ -272,7 +278,9 @@ async def prepare(
     if ticket is not None and ticket.hit:
         return call  # it waited for no replica
     call.queue_wait = time.perf_counter() - queued_at
-    metrics.queue_waited(pool=pool_name, tenant_slug=key.tenant_slug, seconds=call.queue_wait)
+    metrics.queue_waited(
+        pool=pool_name, tenant_slug=key.tenant_slug, priority=priority, seconds=call.queue_wait
+    )
     return call
 
 
@@ -306,9 +314,11 @@ async def _admit(
     grant: limits.Grant,
     adapter: Adapter | None,
     prefix: str,
+    priority: str,
 ) -> str:
-    """Admitted to a replica of the pool; ``prefix``: the request's salted prefix hash, for
-    prefix-affine routing within the tenant's own cache partition."""
+    """Admitted to a replica of the pool, in the band of its ``priority`` class; ``prefix``:
+    the request's salted prefix hash, for prefix-affine routing within the tenant's own cache
+    partition."""
     for attempt in range(2):
         try:
             return await admission().admit(
@@ -323,6 +333,7 @@ async def _admit(
                 limit_member=grant.member,
                 adapter=adapter.engine_name if adapter else "",
                 sequences=parsed.sequences,
+                band=band(priority),
             )
         except CatalogMissing:
             if attempt:

@@ -101,7 +101,16 @@ class ResponseRequest(Strict):
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
 
-PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "top_k", "min_p")
+PASSED = (
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "user",
+    "seed",
+    "top_k",
+    "min_p",
+    "service_tier",
+)
 PASSED_EXTRA = ("min_tokens", "ignore_eos", "repetition_penalty", "stop", "cache_salt")
 
 

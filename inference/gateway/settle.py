@@ -57,6 +57,7 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
         error=call.error,
         started_at=call.started_at,
         finished_at=finished_at,
+        priority=call.priority,
     )
     tokens = call.counts.prompt + call.counts.completion
     cost = _cost(call)
@@ -145,4 +146,5 @@ def _cost(call: Call) -> int:
         completion_tokens=call.counts.completion,
         cached_tokens=call.counts.cached,
         batch=call.mode == "batch",
+        priority=call.priority,
     )

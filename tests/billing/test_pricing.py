@@ -77,9 +77,42 @@ def test_cost_is_exact_for_awkward_prices_and_counts(model: Model) -> None:
 
 def test_batch_discount_applies_to_the_whole_amount_before_rounding(model: Model) -> None:
     price = _price(model, NOV, input="0.333333", output="0.333333", discount="50")
-    args = {"prompt_tokens": 2, "cached_tokens": 0, "completion_tokens": 1}
+    args: dict[str, Any] = {"prompt_tokens": 2, "cached_tokens": 0, "completion_tokens": 1}
     assert usage_cost_micros(price=price, mode="online", **args) == 1  # 0.999999
     assert usage_cost_micros(price=price, mode="batch", **args) == 0  # 0.4999995
+
+
+def test_a_priority_class_carries_its_own_price(model: Model) -> None:
+    """Standard pays the price as it is, interactive its surcharge, background its discount;
+    a batch line (always in the background band) its batch discount, never both."""
+    tenant = TenantFactory.create()
+    Price.objects.create(
+        model=model,
+        input_per_mtok=Decimal("0.15"),
+        cached_input_per_mtok=Decimal("0.15"),
+        output_per_mtok=Decimal("0.60"),
+        batch_discount_percent=Decimal(50),
+        interactive_surcharge_percent=Decimal(50),
+        background_discount_percent=Decimal(40),
+        effective_from=NOV,
+    )
+    usage = {"prompt_tokens": 1000, "completion_tokens": 500}  # 450 at the price as it is
+    costs = {
+        priority: _insert(tenant, MID_NOV, priority=priority, **usage).cost_micros
+        for priority in ("standard", "interactive", "background")
+    }
+    assert costs == {"standard": 450, "interactive": 675, "background": 270}
+    batch = _insert(tenant, MID_NOV, priority="background", mode="batch", **usage)
+    assert batch.cost_micros == 225
+    assert batch.priority == "background"
+    with pytest.raises(ValidationError):  # a discount over 100% would pay the tenant
+        price_set(
+            model=model,
+            input_per_mtok=Decimal(1),
+            output_per_mtok=Decimal(1),
+            background_discount_percent=Decimal(101),
+            actor=None,
+        )
 
 
 def test_records_are_charged_the_price_in_force_when_they_started(model: Model) -> None:

@@ -11,7 +11,14 @@ import pytest
 
 from inference.catalog import pool_prefix
 from inference.gateway import admission as admission_module
-from inference.gateway.admission import W_OUT, Admission, CatalogMissing
+from inference.gateway.admission import (
+    DEFAULT_BAND,
+    SHARE,
+    W_OUT,
+    Admission,
+    CatalogMissing,
+    queue_state,
+)
 from inference.gateway.errors import ApiError
 from inference.gateway.redis import redis_async
 
@@ -37,9 +44,11 @@ async def _simulate(
     service: Counter[int] | None = None,
     serve_seconds: float = 0,
     think_seconds: float = 0,
+    bands: dict[int, int] | None = None,
 ) -> Counter[int]:
     """Closed-loop clients: each keeps one request outstanding, resubmitting after
-    ``think_seconds``; a request takes ``serve_seconds`` once admitted."""
+    ``think_seconds``; a request takes ``serve_seconds`` once admitted. ``bands``: a
+    tenant's priority band (the default class's when not given)."""
     served: Counter[int] = service if service is not None else Counter()
     done = 0
 
@@ -56,6 +65,7 @@ async def _simulate(
                 prefix="",
                 wait_seconds=30,
                 limit_keys=(),
+                band=(bands or {}).get(tenant, DEFAULT_BAND),
             )
             await asyncio.sleep(serve_seconds)
             await adm.complete(pool=POOL, rid=rid, adjustment=W_OUT * OUTPUT)
@@ -197,8 +207,8 @@ async def test_queue_wait_is_bounded_and_leaves_no_trace() -> None:
         )
     assert err.value.status == 503 and "retry-after" in err.value.headers
     client = redis_async()
-    assert await client.llen(BASE + "q:2") == 0
-    assert await client.zcard(BASE + "backlog") == 0
+    assert await client.llen(BASE + f"q:{DEFAULT_BAND}:2") == 0
+    assert await client.zcard(BASE + f"backlog:{DEFAULT_BAND}") == 0
     assert not await client.exists(BASE + "req:waiter")
 
 
@@ -228,11 +238,11 @@ async def test_a_client_that_leaves_the_queue_frees_its_place() -> None:
         )
     )
     await asyncio.sleep(0.1)
-    assert await redis_async().llen(BASE + "q:2") == 1
+    assert await redis_async().llen(BASE + f"q:{DEFAULT_BAND}:2") == 1
     waiting.cancel()  # the client disconnected while queued
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert await redis_async().llen(BASE + "q:2") == 0
+    assert await redis_async().llen(BASE + f"q:{DEFAULT_BAND}:2") == 0
     await adm.complete(pool=POOL, rid="a", adjustment=0)
     # The slot goes to the next real request, not to the one that left.
     got = await adm.admit(
@@ -391,7 +401,131 @@ async def _admit(adm: Admission, rid: str, tenant: int, sequences: int = 1, **kw
         wait_seconds=kw.pop("wait_seconds", 5),  # type: ignore[arg-type]
         limit_keys=(),
         sequences=sequences,
+        band=kw.pop("band", DEFAULT_BAND),  # type: ignore[arg-type]
     )
+
+
+INTERACTIVE, STANDARD, BACKGROUND = range(3)
+
+
+async def _queued(*rids: str) -> None:
+    """Until each request waits in admission (its task ran as far as the queue)."""
+    client = redis_async()
+    for _ in range(500):
+        states = [await client.hget(BASE + "req:" + rid, "state") for rid in rids]
+        if all(state == b"queued" for state in states):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not all queued: {rids}")
+
+
+async def test_a_higher_band_is_admitted_before_everything_waiting_below_it() -> None:
+    """Strict order: an interactive request arriving behind a queue of background ones is
+    admitted at the next free slot, ahead of all of them, whichever tenant sent them."""
+    await _pool({"r1": 1})
+    adm = Admission()
+    await _admit(adm, "running", tenant=1, band=BACKGROUND)
+    queued = {
+        asyncio.create_task(_admit(adm, f"bg{i}", tenant=1 + i % 2, band=BACKGROUND)): f"bg{i}"
+        for i in range(6)
+    }
+    await _queued(*queued.values())
+    standard = asyncio.create_task(_admit(adm, "std", tenant=3, band=STANDARD))
+    urgent = asyncio.create_task(_admit(adm, "urgent", tenant=1, band=INTERACTIVE))
+    await _queued("std", "urgent")
+    await adm.complete(pool=POOL, rid="running", adjustment=0)
+    assert await urgent == "r1"
+    assert not standard.done() and not any(q.done() for q in queued)
+    await adm.complete(pool=POOL, rid="urgent", adjustment=0)
+    assert await standard == "r1"
+    assert not any(q.done() for q in queued)
+    await adm.complete(pool=POOL, rid="std", adjustment=0)
+    while queued:  # then the background band, one at a time
+        done, _ = await asyncio.wait(queued, return_when=asyncio.FIRST_COMPLETED, timeout=2)
+        assert len(done) == 1
+        await adm.complete(pool=POOL, rid=queued.pop(done.pop()), adjustment=0)
+    assert await redis_async().hgetall(BASE + "rload") == {b"r1": b"0"}
+
+
+async def test_a_background_flood_leaves_the_top_band_fair_and_nearly_all_the_room() -> None:
+    """One tenant floods the background band; two interactive tenants, one sending six
+    times as much as the other, share the pool equally between them (token-weighted
+    fairness inside the band) and get all of it but the starvation guard's share."""
+    await _pool({"r1": 4})
+    served = await _simulate(
+        Admission(),
+        {1: 24, 2: 24, 3: 4},
+        {1: 1, 2: 1, 3: 1},
+        completions=500,
+        bands={1: BACKGROUND, 2: INTERACTIVE, 3: INTERACTIVE},
+    )
+    top = served[2] + served[3]
+    assert served[3] / top == pytest.approx(0.5, abs=0.06)
+    assert _share(served, 1) <= 1 / SHARE + 0.03
+
+
+async def test_a_lower_band_still_progresses_under_a_sustained_flood_at_the_top() -> None:
+    """The starvation guard: with the top band always backlogged, each lower band that
+    waits still gets one admission in SHARE, and no more than that."""
+    await _pool({"r1": 2})
+    served = await _simulate(
+        Admission(),
+        {1: 24, 2: 4, 3: 4},
+        {1: 1, 2: 1, 3: 1},
+        completions=600,
+        bands={1: INTERACTIVE, 2: STANDARD, 3: BACKGROUND},
+    )
+    for lower in (2, 3):
+        assert _share(served, lower) == pytest.approx(1 / SHARE, abs=0.03), served
+
+
+async def test_no_slot_is_held_for_a_tenant_while_a_higher_band_waits() -> None:
+    """A completing request's slot is kept a moment for its tenant when it is owed service
+    in its band, but never while a request of a higher band waits: that one takes it."""
+    await _pool({"r1": 1})
+    adm = Admission()
+    await _admit(adm, "bg", tenant=2, band=BACKGROUND)
+    other = asyncio.create_task(_admit(adm, "bg-other", tenant=1, band=BACKGROUND))
+    urgent = asyncio.create_task(_admit(adm, "urgent", tenant=3, band=INTERACTIVE))
+    await _queued("bg-other", "urgent")
+    await adm.complete(pool=POOL, rid="bg", adjustment=0)
+    assert await redis_async().zcard(BASE + "holds") == 0  # tenant 2 was owed, but no hold
+    assert await urgent == "r1"
+    assert not other.done()
+    await adm.complete(pool=POOL, rid="urgent", adjustment=0)
+    assert await other == "r1"
+
+
+async def test_the_queue_state_says_what_waits_in_each_band() -> None:
+    """What the operator page and the metrics read: per band and per tenant."""
+    await _pool({"r1": 1})
+    adm = Admission()
+    await _admit(adm, "running", tenant=1)
+    waiting = [
+        asyncio.create_task(_admit(adm, f"w{i}", tenant=5 + (i >= 2), band=band))
+        for i, band in enumerate([INTERACTIVE, INTERACTIVE, BACKGROUND, BACKGROUND, BACKGROUND])
+    ]
+    await _queued(*(f"w{i}" for i in range(5)))
+    state = queue_state(POOL)
+    assert state.by_band == {"interactive": 2, "standard": 0, "background": 3}
+    assert state.waiting == {5: 2, 6: 3} and state.queued == 5 and state.running == {1: 1}
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_leaving_any_band_frees_its_place() -> None:
+    await _pool({"r1": 1})
+    adm = Admission()
+    await _admit(adm, "running", tenant=1)
+    for band in range(3):
+        with pytest.raises(ApiError):
+            await _admit(adm, f"gone{band}", tenant=2, band=band, wait_seconds=0.2)
+    client = redis_async()
+    assert [k for k in await client.keys(BASE + "q:*")] == []
+    assert [k for k in await client.keys(BASE + "backlog:*")] == []
+    await adm.complete(pool=POOL, rid="running", adjustment=0)
+    assert await client.hget(BASE + "rload", "r1") == b"0"
 
 
 async def test_a_request_takes_as_many_slots_as_it_runs_sequences() -> None:
@@ -479,7 +613,7 @@ async def test_an_admit_cancelled_at_any_moment_leaves_no_slot_taken() -> None:
             assert got == "r1"
             await adm.complete(pool=POOL, rid=f"cancelled-{steps}", adjustment=0)
         assert await client.zcard(BASE + "inflight") == 0, steps
-        assert await client.zcard(BASE + "backlog") == 0, steps
+        assert await client.zcard(BASE + f"backlog:{DEFAULT_BAND}") == 0, steps
         assert not await client.exists(BASE + f"req:cancelled-{steps}"), steps
     # The one slot is free: the next request gets it at once.
     assert await _admit(adm, "after", tenant=3, wait_seconds=0.5) == "r1"

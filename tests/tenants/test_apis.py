@@ -73,6 +73,13 @@ MATRIX: list[tuple[str, str, str, dict[str, Any], list[int]]] = [
     ("post", "key-limits-update", "key", {"rpm": 5}, [200, 200, 403, 403, 403, 404, 200]),
     (
         "post",
+        "key-priority-update",
+        "key",
+        {"priority_class": "background"},
+        [200, 200, 403, 403, 403, 404, 200],
+    ),
+    (
+        "post",
         "key-cache-update",
         "key",
         {"use_response_cache": False},
@@ -678,3 +685,29 @@ def test_openapi_schema_lists_the_operations(world: World, api: APIClient) -> No
     assert "/api/tenants/{slug}/invitations/create/" in paths
     assert "/api/invitations/accept/" in paths
     assert "/api/tenants/{slug}/members/create/" not in paths
+
+
+def test_a_keys_priority_class_is_its_tenants_or_lower_and_only_staff_raise_a_tenants(
+    world: World,
+) -> None:
+    """The operator sets a tenant's class (a tier of service); its admins may narrow a key
+    below it, never above; a key narrowed before a tenant was lowered runs in the lower."""
+    tenant, key = world.people.tenant, world.key
+    admin, staff = client_for(world.people.admin), client_for(world.people.staff)
+    update = reverse("tenants:tenant-update", kwargs={"slug": tenant.slug})
+    assert admin.post(update, {"priority_class": "interactive"}, format="json").status_code == 403
+    url = reverse("tenants:key-priority-update", kwargs={"slug": tenant.slug, "key_id": key.pk})
+    refused = admin.post(url, {"priority_class": "interactive"}, format="json")
+    assert refused.status_code == 400
+    assert "standard" in refused.json()["priority_class"][0]  # what it may be, said
+    answer = admin.post(url, {"priority_class": "background"}, format="json").json()
+    assert answer["priority_class"] == answer["effective_priority_class"] == "background"
+    assert admin.post(url, {"priority_class": "urgent"}, format="json").status_code == 400
+    assert staff.post(update, {"priority_class": "interactive"}, format="json").status_code == 200
+    answer = admin.post(url, {"priority_class": "interactive"}, format="json").json()
+    assert answer["effective_priority_class"] == "interactive"
+    staff.post(update, {"priority_class": "background"}, format="json")
+    detail = reverse("tenants:key-detail", kwargs={"slug": tenant.slug, "key_id": key.pk})
+    assert admin.get(detail).json()["effective_priority_class"] == "background"
+    actions = set(AuditEvent.objects.filter(tenant=tenant).values_list("action", flat=True))
+    assert {"api_key.priority", "tenant.update"} <= actions

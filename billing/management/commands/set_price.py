@@ -38,6 +38,14 @@ class Command(BaseCommand):
         parser.add_argument("--output", required=True, help="Per 1M completion tokens.")
         parser.add_argument("--cached", help="Per 1M cached prompt tokens (default: --input).")
         parser.add_argument("--batch-discount", help="Percent off batch-mode usage, 0-100.")
+        parser.add_argument(
+            "--interactive-surcharge",
+            help="Percent on online usage of the interactive priority class (docs/priority.md).",
+        )
+        parser.add_argument(
+            "--background-discount",
+            help="Percent off online usage of the background priority class, 0-100.",
+        )
         parser.add_argument("--from", dest="start", help="ISO date-time (UTC); default: now.")
         parser.add_argument("--tenant", help="A tenant's slug: its contract price.")
 
@@ -62,7 +70,10 @@ class Command(BaseCommand):
                 ) from None
             if timezone.is_naive(start):
                 start = start.replace(tzinfo=UTC)
-        discount = _usd(options["batch_discount"], "--batch-discount")
+        percents = {
+            name: _usd(options[name], "--" + name.replace("_", "-")) or Decimal(0)
+            for name in ("batch_discount", "interactive_surcharge", "background_discount")
+        }
         try:
             price = price_set(
                 model=model,
@@ -70,7 +81,9 @@ class Command(BaseCommand):
                 input_per_mtok=_usd(options["input"], "--input") or Decimal(0),
                 cached_input_per_mtok=_usd(options["cached"], "--cached"),
                 output_per_mtok=_usd(options["output"], "--output") or Decimal(0),
-                batch_discount_percent=discount if discount is not None else Decimal(0),
+                batch_discount_percent=percents["batch_discount"],
+                interactive_surcharge_percent=percents["interactive_surcharge"],
+                background_discount_percent=percents["background_discount"],
                 effective_from=start,
                 actor=None,
             )
@@ -80,5 +93,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{model.name}{who}: input ${price.input_per_mtok} cached "
             f"${price.cached_input_per_mtok} output ${price.output_per_mtok} per 1M tokens, "
-            f"batch -{price.batch_discount_percent}% from {price.effective_from.isoformat()}"
+            f"batch -{price.batch_discount_percent}%, interactive "
+            f"+{price.interactive_surcharge_percent}%, background "
+            f"-{price.background_discount_percent}% from {price.effective_from.isoformat()}"
         )

@@ -5,6 +5,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.commands import parse_positive_int, validation_message
 from tenants.models import MAX_RATE
+from tenants.priority import DEFAULT_CLASS, PRIORITY_CLASSES
 from tenants.services import tenant_create
 
 
@@ -15,6 +16,12 @@ class Command(BaseCommand):
         parser.add_argument("slug")
         parser.add_argument("--name", default="")
         parser.add_argument("--weight", help="Fair-share weight, 1-1000 (default 1).")
+        parser.add_argument(
+            "--priority-class",
+            choices=PRIORITY_CLASSES,
+            default=DEFAULT_CLASS,
+            help="The highest class its requests run in (docs/priority.md).",
+        )
         parser.add_argument("--rpm", help="Requests per minute (default unlimited).")
         parser.add_argument("--tpm", help="Tokens per minute (default unlimited).")
         parser.add_argument("--max-concurrency", help="Requests in flight at once.")
@@ -33,6 +40,7 @@ class Command(BaseCommand):
                 slug=options["slug"],
                 name=options["name"],
                 weight=weight,
+                priority_class=options["priority_class"],
                 limits=limits,
                 actor=None,
             )

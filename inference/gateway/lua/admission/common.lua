@@ -80,52 +80,94 @@ local function policy()
   return redis.call('GET', base .. 'policy') or 'vtc'
 end
 
-local function leave_backlog_if_empty(tenant)
-  if redis.call('LLEN', base .. 'q:' .. tenant) == 0 then
-    redis.call('ZREM', base .. 'backlog', tenant)
-    redis.call('SET', base .. 'last_left', redis.call('HGET', base .. 'counters', tenant) or '0')
+-- Priority bands (0 runs first, BANDS - 1 last): each has its own queues, backlog and
+-- counters, so fairness (VTC) holds inside a band and never between bands.
+local function band_of(b)
+  b = tonumber(b) or DEFAULT_BAND
+  if b < 0 or b >= BANDS then return DEFAULT_BAND end
+  return math.floor(b)
+end
+local function qkey(band, tenant) return base .. 'q:' .. band .. ':' .. tenant end
+local function backlog_key(band) return base .. 'backlog:' .. band end
+local function counters_key(band) return base .. 'counters:' .. band end
+local function fcfs_key(band) return base .. 'fcfs:' .. band end
+
+local function band_waits(band)
+  return redis.call('ZCARD', backlog_key(band)) > 0 or redis.call('LLEN', fcfs_key(band)) > 0
+end
+
+local function leave_backlog_if_empty(band, tenant)
+  if redis.call('LLEN', qkey(band, tenant)) == 0 then
+    redis.call('ZREM', backlog_key(band), tenant)
+    redis.call('SET', base .. 'last_left:' .. band,
+      redis.call('HGET', counters_key(band), tenant) or '0')
     return true
   end
   return false
 end
 
--- The next live waiting request: {rid, tenant, list key}, dropping ones past their deadline.
-local function next_request()
+-- The next live waiting request of one band: {rid, tenant, list key, kind, band}, dropping
+-- ones past their deadline.
+local function next_in_band(band)
   local order = (policy() == 'fcfs') and {'fcfs', 'vtc'} or {'vtc', 'fcfs'}
   for _, kind in ipairs(order) do
     while true do
       local rid, tenant, list
       if kind == 'fcfs' then
-        list = base .. 'fcfs'
+        list = fcfs_key(band)
         rid = redis.call('LINDEX', list, 0)
         if not rid then break end
       else
-        local head = redis.call('ZRANGE', base .. 'backlog', 0, 0)
+        local head = redis.call('ZRANGE', backlog_key(band), 0, 0)
         if #head == 0 then break end
         tenant = head[1]
-        list = base .. 'q:' .. tenant
+        list = qkey(band, tenant)
         rid = redis.call('LINDEX', list, 0)
-        if not rid then redis.call('ZREM', base .. 'backlog', tenant) end
+        if not rid then redis.call('ZREM', backlog_key(band), tenant) end
       end
       if rid then
         local r = redis.call('HMGET', base .. 'req:' .. rid, 'tenant', 'deadline')
-        if r[1] and tonumber(r[2]) > now then return {rid, r[1], list, kind} end
+        if r[1] and tonumber(r[2]) > now then return {rid, r[1], list, kind, band} end
         redis.call('LPOP', list)
         redis.call('DEL', base .. 'req:' .. rid)
-        if kind == 'vtc' then leave_backlog_if_empty(tenant) end
+        if kind == 'vtc' then leave_backlog_if_empty(band, tenant) end
       end
     end
   end
   return nil
 end
 
--- Admit while there is room. Grants go to the owning process's list, except self_rid's,
--- whose replica is returned (the caller is waiting on this very script).
--- A waiting request, behind the head, of one of the next backlogged tenants that fits now:
--- {rid, tenant, list, replica}, or nil.
-local function backfill()
-  for _, tenant in ipairs(redis.call('ZRANGE', base .. 'backlog', 1, BACKFILL_SCAN)) do
-    local list = base .. 'q:' .. tenant
+-- The next request to admit: the highest band's, except that a lower band passed over
+-- SHARE - 1 times in a row while it waited goes next (the starvation guard: under a flood
+-- at the top, every lower band still gets at least one admission in SHARE).
+local function next_request()
+  for band = 1, BANDS - 1 do
+    if tonumber(redis.call('HGET', base .. 'passed', band) or '0') >= SHARE - 1 then
+      local n = next_in_band(band)
+      if n then return n end
+      redis.call('HDEL', base .. 'passed', band)
+    end
+  end
+  for band = 0, BANDS - 1 do
+    local n = next_in_band(band)
+    if n then return n end
+  end
+  return nil
+end
+
+-- A grant in ``band``: the lower bands that waited meanwhile were passed over once more.
+local function passed_over(band)
+  redis.call('HDEL', base .. 'passed', band)
+  for lower = band + 1, BANDS - 1 do
+    if band_waits(lower) then redis.call('HINCRBY', base .. 'passed', lower, 1) end
+  end
+end
+
+-- A waiting request, behind the head, of one of the next backlogged tenants of the band that
+-- fits now: {rid, tenant, list, replica}, or nil.
+local function backfill(band)
+  for _, tenant in ipairs(redis.call('ZRANGE', backlog_key(band), 1, BACKFILL_SCAN)) do
+    local list = qkey(band, tenant)
     local rid = redis.call('LINDEX', list, 0)
     if rid then
       local r = redis.call('HMGET', base .. 'req:' .. rid, 'prefix', 'adapter', 'seqs', 'deadline')
@@ -145,7 +187,7 @@ local function dispatch(self_rid)
   while true do
     local n = next_request()
     if not n then break end
-    local rid, tenant, list, kind = n[1], n[2], n[3], n[4]
+    local rid, tenant, list, kind, band = n[1], n[2], n[3], n[4], n[5]
     local head = redis.call('HMGET', base .. 'req:' .. rid, 'prefix', 'adapter', 'seqs', 'since')
     local rep = pick_replica(head[1], head[2], head[3])
     if not rep then
@@ -154,7 +196,7 @@ local function dispatch(self_rid)
       -- room it needs frees up: a large request is never starved by smaller ones, and
       -- smaller ones are not stopped at once by a large one.
       if kind ~= 'vtc' or now - (tonumber(head[4]) or 0) >= BACKFILL then break end
-      local b = backfill()
+      local b = backfill(band)
       if not b then break end
       rid, tenant, list, rep = b[1], b[2], b[3], b[4]
     end
@@ -162,10 +204,11 @@ local function dispatch(self_rid)
     local r = redis.call('HMGET', key, 'weight', 'est', 'proc', 'seqs')
     redis.call('LPOP', list)
     local cost = tonumber(r[2]) / tonumber(r[1])
-    local c = redis.call('HINCRBYFLOAT', base .. 'counters', tenant, cost)
-    if kind == 'vtc' and not leave_backlog_if_empty(tenant) then
-      redis.call('ZADD', base .. 'backlog', c, tenant)
+    local c = redis.call('HINCRBYFLOAT', counters_key(band), tenant, cost)
+    if kind == 'vtc' and not leave_backlog_if_empty(band, tenant) then
+      redis.call('ZADD', backlog_key(band), c, tenant)
     end
+    passed_over(band)
     redis.call('HINCRBY', base .. 'rload', rep, tonumber(r[4]) or 1)
     redis.call('HINCRBY', base .. 'active', tenant, 1)
     redis.call('HSET', key, 'state', 'granted', 'replica', rep)
@@ -180,23 +223,27 @@ local function dispatch(self_rid)
   return mine
 end
 
--- A completing request's tenant that is owed service (its counter is at or below every
--- waiting tenant's) but has nothing queued is most likely a client about to send its next
--- request: keep the slot for it briefly instead of handing it to the heaviest tenant. Without
--- this, a tenant with a few closed-loop clients loses a slot at every completion.
-local function owed_hold(tenant, rep)
-  if policy() == 'fcfs' or redis.call('LLEN', base .. 'q:' .. tenant) > 0 then return false end
+-- A completing request's tenant that is owed service in its band (its counter is at or
+-- below every waiting tenant's there) but has nothing queued is most likely a client about
+-- to send its next request: keep the slot for it briefly instead of handing it to the
+-- heaviest tenant. Without this, a tenant with a few closed-loop clients loses a slot at
+-- every completion. Never while a higher band waits: its requests go first.
+local function owed_hold(tenant, rep, band)
+  if policy() == 'fcfs' or redis.call('LLEN', qkey(band, tenant)) > 0 then return false end
   if redis.call('HEXISTS', base .. 'replicas', rep) == 0 then return false end
-  local low = redis.call('ZRANGE', base .. 'backlog', 0, 0, 'WITHSCORES')
+  for higher = 0, band - 1 do
+    if band_waits(higher) then return false end
+  end
+  local low = redis.call('ZRANGE', backlog_key(band), 0, 0, 'WITHSCORES')
   if #low == 0 then return false end
-  local c = tonumber(redis.call('HGET', base .. 'counters', tenant) or '0')
+  local c = tonumber(redis.call('HGET', counters_key(band), tenant) or '0')
   return c <= tonumber(low[2])
 end
 
-local function charge(tenant, weight, amount)
+local function charge(tenant, band, weight, amount)
   if amount == 0 then return end
-  local c = redis.call('HINCRBYFLOAT', base .. 'counters', tenant, amount / weight)
-  if redis.call('ZSCORE', base .. 'backlog', tenant) then
-    redis.call('ZADD', base .. 'backlog', c, tenant)
+  local c = redis.call('HINCRBYFLOAT', counters_key(band), tenant, amount / weight)
+  if redis.call('ZSCORE', backlog_key(band), tenant) then
+    redis.call('ZADD', backlog_key(band), c, tenant)
   end
 end

@@ -1,11 +1,12 @@
 reap()
 local key = base .. 'req:' .. ARGV[3]
-local r = redis.call('HMGET', key, 'tenant', 'weight', 'state', 'replica', 'seqs')
+local r = redis.call('HMGET', key, 'tenant', 'weight', 'state', 'replica', 'seqs', 'band')
 if r[3] == 'granted' then
-  charge(r[1], tonumber(r[2]), tonumber(ARGV[4]))
+  local band = band_of(r[6])
+  charge(r[1], band, tonumber(r[2]), tonumber(ARGV[4]))
   redis.call('ZREM', base .. 'inflight', ARGV[3])
   redis.call('DEL', key)
-  if owed_hold(r[1], r[4]) then
+  if owed_hold(r[1], r[4], band) then
     redis.call('ZADD', base .. 'holds', now + HOLD,
       r[1] .. '|' .. r[4] .. '|' .. ARGV[3] .. '|' .. (r[5] or '1'))
   else

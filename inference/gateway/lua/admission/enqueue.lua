@@ -2,11 +2,12 @@ reap()
 if redis.call('EXISTS', base .. 'replicas') == 0 then return {'nocatalog', ''} end
 local rid, tenant, weight, est = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local seqs = tonumber(ARGV[11])
+local band = band_of(ARGV[12])
 local key = base .. 'req:' .. rid
 local wait = tonumber(ARGV[9])
 redis.call('HSET', key, 'tenant', tenant, 'weight', weight, 'est', est, 'proc', ARGV[7],
   'prefix', ARGV[8], 'adapter', ARGV[10], 'seqs', seqs, 'state', 'queued',
-  'deadline', now + wait, 'since', now)
+  'deadline', now + wait, 'since', now, 'band', band)
 redis.call('PEXPIRE', key, wait + 3600000)
 -- Slots held for this tenant (see owed_hold): take them at once if the request fits in
 -- them (giving back the rest); one that does not fit lets them go and queues.
@@ -16,7 +17,8 @@ for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', now, '+inf')) do
     held = tonumber(held) or 1
     redis.call('ZREM', base .. 'holds', h)
     if seqs <= held then
-      redis.call('HINCRBYFLOAT', base .. 'counters', tenant, tonumber(est) / tonumber(weight))
+      redis.call('HINCRBYFLOAT', counters_key(band), tenant, tonumber(est) / tonumber(weight))
+      passed_over(band)
       redis.call('HSET', key, 'state', 'granted', 'replica', rep)
       redis.call('ZADD', base .. 'inflight', now + LEASE, rid)
       if held > seqs then
@@ -31,24 +33,25 @@ for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', now, '+inf')) do
   end
 end
 if policy() == 'fcfs' then
-  redis.call('RPUSH', base .. 'fcfs', rid)
-elseif redis.call('RPUSH', base .. 'q:' .. tenant, rid) == 1 then
-  -- Newly backlogged. A tenant that was idle (nothing queued, nothing running for longer
-  -- than IDLE_GRACE) is lifted to the smallest backlogged counter (or the last one to leave),
+  redis.call('RPUSH', fcfs_key(band), rid)
+elseif redis.call('RPUSH', qkey(band, tenant), rid) == 1 then
+  -- Newly backlogged in its band. A tenant that was idle (nothing queued, nothing running for
+  -- longer than IDLE_GRACE) is lifted to the band's smallest backlogged counter (or the last
+  -- one to leave),
   -- so idle time earns no credit. One whose requests are running, or that paused only for a
   -- moment between requests, keeps its counter: it was not idle.
-  local c = tonumber(redis.call('HGET', base .. 'counters', tenant) or '0')
+  local c = tonumber(redis.call('HGET', counters_key(band), tenant) or '0')
   local since = tonumber(redis.call('HGET', base .. 'idle_since', tenant) or '0')
   if not redis.call('HGET', base .. 'active', tenant) and now - since > IDLE_GRACE then
-    local low = redis.call('ZRANGE', base .. 'backlog', 0, 0, 'WITHSCORES')
+    local low = redis.call('ZRANGE', backlog_key(band), 0, 0, 'WITHSCORES')
     local floor = (#low > 0) and tonumber(low[2])
-      or tonumber(redis.call('GET', base .. 'last_left') or '0')
+      or tonumber(redis.call('GET', base .. 'last_left:' .. band) or '0')
     if floor > c then
       c = floor
-      redis.call('HSET', base .. 'counters', tenant, tostring(c))
+      redis.call('HSET', counters_key(band), tenant, tostring(c))
     end
   end
-  redis.call('ZADD', base .. 'backlog', c, tenant)
+  redis.call('ZADD', backlog_key(band), c, tenant)
 end
 local mine = dispatch(rid)
 if mine then return {'granted', mine} end
