@@ -92,8 +92,9 @@ local function backlog_key(band) return base .. 'backlog:' .. band end
 local function counters_key(band) return base .. 'counters:' .. band end
 local function fcfs_key(band) return base .. 'fcfs:' .. band end
 
+-- Whether anything waits in the band (an empty zset or list is no key at all).
 local function band_waits(band)
-  return redis.call('ZCARD', backlog_key(band)) > 0 or redis.call('LLEN', fcfs_key(band)) > 0
+  return redis.call('EXISTS', backlog_key(band), fcfs_key(band)) > 0
 end
 
 local function leave_backlog_if_empty(band, tenant)
@@ -140,9 +141,13 @@ end
 -- The next request to admit: the highest band's, except that a lower band passed over
 -- SHARE - 1 times in a row while it waited goes next (the starvation guard: under a flood
 -- at the top, every lower band still gets at least one admission in SHARE).
+local LOWER_BANDS = {}
+for band = 1, BANDS - 1 do LOWER_BANDS[#LOWER_BANDS + 1] = band end
+
 local function next_request()
-  for band = 1, BANDS - 1 do
-    if tonumber(redis.call('HGET', base .. 'passed', band) or '0') >= SHARE - 1 then
+  local passed = redis.call('HMGET', base .. 'passed', unpack(LOWER_BANDS))
+  for i, band in ipairs(LOWER_BANDS) do
+    if tonumber(passed[i] or '0') >= SHARE - 1 then
       local n = next_in_band(band)
       if n then return n end
       redis.call('HDEL', base .. 'passed', band)
