@@ -496,6 +496,27 @@ async def test_no_slot_is_held_for_a_tenant_while_a_higher_band_waits() -> None:
     assert await other == "r1"
 
 
+async def test_a_held_slot_is_not_taken_past_a_higher_band_waiting() -> None:
+    """A slot kept for a tenant's next request (it was owed service when its last one
+    ended) goes to a higher band's request that arrived meanwhile, not to that next one."""
+    await _pool({"r1": 1})
+    adm = Admission()
+    await _admit(adm, "bg", tenant=2, band=BACKGROUND)
+    other = asyncio.create_task(_admit(adm, "bg-other", tenant=1, band=BACKGROUND))
+    await _queued("bg-other")
+    await adm.complete(pool=POOL, rid="bg", adjustment=0)
+    assert await redis_async().zcard(BASE + "holds") == 1  # kept for tenant 2
+    urgent = asyncio.create_task(_admit(adm, "urgent", tenant=3, band=INTERACTIVE))
+    await _queued("urgent")
+    back = asyncio.create_task(_admit(adm, "bg-back", tenant=2, band=BACKGROUND))
+    assert await urgent == "r1"
+    assert not back.done() and not other.done()
+    await adm.complete(pool=POOL, rid="urgent", adjustment=0)
+    for task in (other, back):
+        task.cancel()
+    await asyncio.gather(other, back, return_exceptions=True)
+
+
 async def test_the_queue_state_says_what_waits_in_each_band() -> None:
     """What the operator page and the metrics read: per band and per tenant."""
     await _pool({"r1": 1})

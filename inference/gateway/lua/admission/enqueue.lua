@@ -10,13 +10,18 @@ redis.call('HSET', key, 'tenant', tenant, 'weight', weight, 'est', est, 'proc', 
   'deadline', now + wait, 'since', now, 'band', band)
 redis.call('PEXPIRE', key, wait + 3600000)
 -- Slots held for this tenant (see owed_hold): take them at once if the request fits in
--- them (giving back the rest); one that does not fit lets them go and queues.
+-- them (giving back the rest); one that does not fit, or that a higher band's waiting
+-- request would go before, lets them go and queues.
 for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', now, '+inf')) do
   if string.sub(h, 1, #tenant + 1) == tenant .. '|' then
     local rep, _, held = string.match(h, '^[^|]*|([^|]*)|([^|]*)|?(%d*)$')
     held = tonumber(held) or 1
     redis.call('ZREM', base .. 'holds', h)
-    if seqs <= held then
+    local higher_waits = false
+    for higher = 0, band - 1 do
+      if band_waits(higher) then higher_waits = true end
+    end
+    if seqs <= held and not higher_waits then
       redis.call('HINCRBYFLOAT', counters_key(band), tenant, tonumber(est) / tonumber(weight))
       passed_over(band)
       redis.call('HSET', key, 'state', 'granted', 'replica', rep)
@@ -28,7 +33,7 @@ for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', now, '+inf')) do
       return {'granted', rep}
     end
     unload(rep, held)
-    deactivate(tenant)
+    deactivate(tenant)  -- the room it let go goes to whoever is first below
     break
   end
 end
@@ -37,9 +42,8 @@ if policy() == 'fcfs' then
 elseif redis.call('RPUSH', qkey(band, tenant), rid) == 1 then
   -- Newly backlogged in its band. A tenant that was idle (nothing queued, nothing running for
   -- longer than IDLE_GRACE) is lifted to the band's smallest backlogged counter (or the last
-  -- one to leave),
-  -- so idle time earns no credit. One whose requests are running, or that paused only for a
-  -- moment between requests, keeps its counter: it was not idle.
+  -- one to leave), so idle time earns no credit. One whose requests are running, or that
+  -- paused only for a moment between requests, keeps its counter: it was not idle.
   local c = tonumber(redis.call('HGET', counters_key(band), tenant) or '0')
   local since = tonumber(redis.call('HGET', base .. 'idle_since', tenant) or '0')
   if not redis.call('HGET', base .. 'active', tenant) and now - since > IDLE_GRACE then
