@@ -22,6 +22,7 @@ from billing.services import price_set
 from controlplane.redis import redis_sync
 from fleet.models import Model, Pool, Replica
 from inference.catalog import catalog_publish, pool_prefix
+from inference.gateway.admission import DEFAULT_BAND
 from inference.services import model_ensure, pool_ensure, replica_probe
 from moderation.models import ModerationEvent
 from moderation.policy import PolicyInvalid
@@ -342,7 +343,8 @@ def test_guard_calls_wait_their_tenants_turn_in_the_guard_pools_admission(
         wait_for(lambda: redis.hget(prefix + "active", str(busy.pk)) == b"1", timeout=10)
         threads.append(threading.Thread(target=ask, args=("other", other_key, "a fox")))
         threads[-1].start()
-        wait_for(lambda: redis.llen(f"{prefix}q:{other.pk}") == 1, timeout=10)
+        # Guard calls wait in the default priority band (docs/priority.md).
+        wait_for(lambda: redis.llen(f"{prefix}q:{DEFAULT_BAND}:{other.pk}") == 1, timeout=10)
         assert redis.hget(prefix + "active", str(other.pk)) in (None, b"0")
     finally:
         os.killpg(guard_engine.process.pid, signal.SIGCONT)
