@@ -15,8 +15,8 @@ which the transport restores after its visibility timeout — or it went with a 
 restarted empty, whatever the worker did.
 
 Two more ways a worker went quiet for good after Redis came back, every process idle and
-tasks queued (``tests/test_broker.py`` failed 3 runs in ~12 under load; Celery logged its
-threads' stacks and this module's state on a signal to find them):
+tasks queued (``tests/test_broker.py`` failed 2 runs in 12 under load; Celery's stacks and
+a dump of kombu's and Celery's state, taken on a signal, found them):
 
 - An acknowledgement that fails because Redis went away (Celery logs "Couldn't ack") left the
   message counted as in hand for good: kombu forgets a message only once its acknowledgement
