@@ -4,8 +4,9 @@ without the engine (docs/cache.md).
 A request is looked up by a hash of the tenant (from its key, never from anything the client
 sends), the resolved model's version (an adapter's version; a base model's name, engine name
 and creation), the endpoint and the whole request as sent, but for how it is carried (stream,
-stream_options). What cannot be answered from a store is passed by (``bypass``, with why): a
-sampled request unless the caller opts in (``X-Inferplane-Cache: sampled``; never with n > 1),
+stream_options, and the priority class it asked for: service_tier). What cannot be answered
+from a store is passed by (``bypass``, with why): a sampled request unless the caller opts in
+(``X-Inferplane-Cache: sampled``; never with n > 1),
 logprobs, images, audio or files, embeddings, the Responses API and batch lines. An answer is
 kept only when it ended as asked (``stop``, ``tool_calls``, or ``length`` under a max_tokens the
 caller set) and passed its moderation; a hit is replayed in the caller's shape through the
@@ -40,8 +41,9 @@ LOOKUP = Script("cache", "lookup")
 STORE = Script("cache", "store")
 PURGE = Script("cache", "purge")
 
-# How a request is carried, not what it asks: a streamed and a whole request share an answer.
-CARRIAGE = ("stream", "stream_options")
+# How a request is carried, not what it asks: a streamed and a whole request share an answer,
+# and so do requests in two priority classes (docs/priority.md).
+CARRIAGE = ("stream", "stream_options", "service_tier")
 # How an answer may end to be kept: as the model finished it (``length`` only when the
 # caller set the limit it reached).
 KEPT_ENDINGS = frozenset({"stop", "tool_calls"})

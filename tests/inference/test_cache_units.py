@@ -62,6 +62,7 @@ def test_the_key_is_the_tenant_and_the_whole_request_but_not_how_it_is_carried()
     # The same request streamed, or with its fields in another order: the same answer.
     streamed = _ticket({**BASE, "stream": True, "stream_options": {"include_usage": True}})
     assert streamed.digest == base.digest
+    assert _ticket({**BASE, "service_tier": "flex"}).digest == base.digest  # another class
     assert _ticket(dict(reversed(list(BASE.items())))).digest == base.digest
     # Another tenant never shares it; anything that changes the answer changes the key.
     assert _ticket(key=_key(tenant=2)).digest != base.digest
