@@ -203,11 +203,18 @@ def test_set_price_command() -> None:
         "acme",
         "--batch-discount",
         "50",
+        "--interactive-surcharge",
+        "25",
+        "--background-discount",
+        "40",
     )
     assert ok.returncode == 0, ok.stderr
     assert "tiny-chat for acme: input $0.15 cached $0.15 output $0.6 per 1M" in ok.stdout
+    assert "interactive +25%, background -40%" in ok.stdout
     price = Price.objects.get()
     assert price.tenant is not None and price.batch_discount_percent == 50
+    assert price.interactive_surcharge_percent == Decimal(25)
+    assert price.background_discount_percent == Decimal(40)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -223,6 +230,14 @@ def test_set_price_command() -> None:
         (["tiny-chat", "--input", "1", "--output", "1", "--from", "soon"], "--from must be"),
         (
             ["tiny-chat", "--input", "1", "--output", "1", "--batch-discount", "150"],
+            "0-100 percent",
+        ),
+        (
+            ["tiny-chat", "--input", "1", "--output", "1", "--interactive-surcharge", "lots"],
+            "--interactive-surcharge must be a percentage",
+        ),
+        (
+            ["tiny-chat", "--input", "1", "--output", "1", "--background-discount", "101"],
             "0-100 percent",
         ),
     ],

@@ -651,11 +651,23 @@ def test_owners_narrow_a_key_s_limits_in_the_dashboard_with_the_api_s_rules(
     page = owner.get(path).content.decode()
     assert "Save the key" in page and key.display_prefix in page
     saved = owner.post(
-        path, {"rpm": "30", "tpm": "", "monthly_spend_budget_usd": "2.500001"}, follow=True
+        path,
+        {
+            "rpm": "30",
+            "tpm": "",
+            "monthly_spend_budget_usd": "2.500001",
+            "priority_class": "background",
+        },
+        follow=True,
     )
     assert saved.status_code == 200
     key.refresh_from_db()
     assert (key.rpm, key.tpm, key.monthly_spend_budget_micros) == (30, None, 2_500_001)
+    assert key.priority_class == "background"  # below the tenant's standard: allowed
+    above = owner.post(path, {"rpm": "30", "priority_class": "interactive"})
+    assert above.status_code == 400 and "may be narrowed to standard" in above.content.decode()
+    key.refresh_from_db()
+    assert key.priority_class == "background"
     assert "$2.500001" in saved.content.decode()
     event = AuditEvent.objects.get(action="api_key.limits")
     assert event.details["rpm"] == [None, 30]

@@ -415,7 +415,7 @@ async def _queued(*rids: str) -> None:
         states = [await client.hget(BASE + "req:" + rid, "state") for rid in rids]
         if all(state == b"queued" for state in states):
             return
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the poll's interval: the wait is bounded by the loop
     raise AssertionError(f"not all queued: {rids}")
 
 

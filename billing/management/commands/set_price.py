@@ -26,6 +26,19 @@ def _usd(value: str | None, option: str) -> Decimal | None:
     return amount
 
 
+def _percent(value: str | None, option: str) -> Decimal:
+    if value is None:
+        return Decimal(0)
+    try:
+        percent = Decimal(value)
+    except InvalidOperation:
+        raise CommandError(f"{option} must be a percentage like 50, not {value!r}") from None
+    exponent = percent.as_tuple().exponent
+    if not percent.is_finite() or percent < 0 or (isinstance(exponent, int) and exponent < -2):
+        raise CommandError(f"{option} must be a non-negative percentage with at most 2 decimals")
+    return percent
+
+
 class Command(BaseCommand):
     help = (
         "Add a price for a model (dollars per 1M tokens), in force from now or a later moment; "
@@ -71,7 +84,7 @@ class Command(BaseCommand):
             if timezone.is_naive(start):
                 start = start.replace(tzinfo=UTC)
         percents = {
-            name: _usd(options[name], "--" + name.replace("_", "-")) or Decimal(0)
+            name: _percent(options[name], "--" + name.replace("_", "-"))
             for name in ("batch_discount", "interactive_surcharge", "background_discount")
         }
         try:
