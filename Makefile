@@ -33,7 +33,7 @@ help:
 	@echo "make test-under-load - the tests that depend on when the engine does things, with its engine busy"
 	@echo "make lock   - re-resolve the dependencies into requirements.lock"
 	@echo "make setup  - only build the virtualenvs and the tiny model"
-	@echo "make bench  - run the benchmarks (overhead, fairness, ledger, LoRA, dashboard, embeddings, the response cache, batch, moderation, the guard pool); see bench/RESULTS.md"
+	@echo "make bench  - run the benchmarks (overhead, fairness, ledger, LoRA, dashboard, embeddings, the response cache, batch, moderation, the guard pool, priority and lending); see bench/RESULTS.md"
 	@echo "make clean  - remove .venv and var/ (the engine cache in $(CACHE) is kept)"
 
 # --- set-up (each step is skipped when already done) -------------------------------------
@@ -175,6 +175,7 @@ bench: setup
 	$(PY) -m bench.moderation
 	$(PY) -m bench.guard_isolation
 	$(PY) -m bench.batch --pin
+	$(PY) -m bench.priority
 	$(PY) -m bench.scale
 
 clean:

@@ -17,6 +17,13 @@ What a line's answer means for it:
   lines. A line that reached an engine and failed there ``INFERPLANE_BATCH_LINE_MAX_ATTEMPTS``
   times fails (``line_attempts_exhausted``): a line that breaks every replica it meets, or
   that no replica can finish in time, does not hold its batch open until it expires.
+
+A model's online pool that lends idle room (``Pool.lend_percent``) takes lines too: each line
+asks it first (``prepare``'s ``lend``), at once, and runs on the batch's spot pool when it has
+none; a line whose lent room an online request took back (``lent_capacity_reclaimed``) goes
+back to pending at once, not counted as a failure (it is billed once, when it is answered).
+After a refusal, lines stop asking for ``LEND_PAUSE_SECONDS`` unless a lent line finished
+(room freed) meanwhile.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from inference.catalog import catalog_read
 from inference.gateway.auth import KeyInfo, key_info_from_db
 from inference.gateway.db import run_db
 from inference.gateway.errors import invalid_api_key
-from inference.gateway.lifecycle import run_whole
+from inference.gateway.lifecycle import LENT_RECLAIMED, run_whole
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,10 @@ log = logging.getLogger(__name__)
 BATCH_LINES_KEY = "ip:metrics:batch_lines"
 
 RETRY_AFTER_SECONDS = 2.0  # a line that met a passing failure waits this long, then more
+LEND_PAUSE_SECONDS = 0.25  # after the online pool lent nothing, lines stop asking this long
+LEND_PAUSE_AFTER_FAILURE = 10.0  # after a lent line failed on its replica (the probe's period)
+# With a lending pool, at most this many of a run's lines wait for admission at a time.
+LEND_WAITING = 8
 PERMANENT = frozenset(range(400, 500)) - {408, 409, 429}
 CANCELLED = error_body("batch_cancelled")
 
@@ -79,6 +90,34 @@ class Plan:
     key: KeyInfo | None
     pool: str
     endpoint: str
+    lend: str = ""  # the model's online pool, when it lends idle room to batch lines
+
+
+@dataclass(slots=True)
+class Lending:
+    """Whether a run's lines ask the online pool for room now."""
+
+    pool: str
+    closed_until: float = 0.0
+    # Set when a line is admitted: with few lines waiting at a time, the run claims the next
+    # at once, not at its next look.
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    freed: int = 0  # lent lines ended since the run last claimed: room to claim lines for
+
+    def ask(self) -> str | None:
+        return self.pool if self.pool and time.monotonic() >= self.closed_until else None
+
+    def admitted(self, asked: str | None, pool: str) -> None:
+        if asked is not None and pool != asked:  # refused: none to lend now
+            self.closed_until = time.monotonic() + LEND_PAUSE_SECONDS
+        if self.pool:
+            self.wake.set()
+
+    def ended(self, *, failed: bool) -> None:
+        """A lent line ended: its room may be lent again at once — unless the lending
+        replica failed it (dead, stuck): then not before the health probe can tell."""
+        self.closed_until = time.monotonic() + LEND_PAUSE_AFTER_FAILURE if failed else 0.0
+        self.freed += not failed
 
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -132,14 +171,16 @@ def _plan(batch_id: str) -> Plan | None:
     batch = Batch.objects.select_related("api_key").filter(pk=batch_id).first()
     if batch is None or batch.status not in (Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING):
         return None
-    found = catalog_read(tenant_id=batch.tenant_id).callable(
-        batch.model, batch.tenant_id, kind="batch"
-    )
+    catalog = catalog_read(tenant_id=batch.tenant_id)
+    found = catalog.callable(batch.model, batch.tenant_id, kind="batch")
+    lend = catalog.lender(batch.model, batch.tenant_id)
     return Plan(
         batch_id=batch.pk,
         key=key_info_from_db(batch.api_key.prefix),
-        pool=(found.pool if found is not None else None) or "",
+        # Without a spot pool, lines run only on the room the online pool lends.
+        pool=(found.pool if found is not None else None) or lend or "",
         endpoint=ENDPOINTS[batch.endpoint],
+        lend=lend or "",
     )
 
 
@@ -234,10 +275,17 @@ def _store_many(token: str, answers: list[Answer]) -> int:
         if answer.status == 200 or answer.status in PERMANENT:
             final.append(answer)
             continue
+        mine = Line.objects.filter(pk=answer.line.pk, owner=token, state=Line.State.RUNNING)
+        if _error_code(answer.body) == LENT_RECLAIMED:
+            # Its lent room was taken back: pending again at once, neither a failure nor an
+            # attempt (a line preempted over and over still completes, without a longer pause).
+            kept += mine.update(
+                state=Line.State.PENDING, owner="", lease_until=None, attempts=F("attempts") - 1
+            )
+            continue
         if answer.begun and answer.line.failures + 1 >= most:
             final.append(_exhausted(answer))  # a line that fails every engine: not forever
             continue
-        mine = Line.objects.filter(pk=answer.line.pk, owner=token, state=Line.State.RUNNING)
         # The batch was cancelled meanwhile: the line will not run again.
         if mine.filter(batch__status=Batch.Status.CANCELLING).update(
             state=Line.State.CANCELLED, owner="", lease_until=None, response=CANCELLED
@@ -287,6 +335,11 @@ def _store_many(token: str, answers: list[Answer]) -> int:
     return kept
 
 
+def _error_code(body: dict[str, Any]) -> str:
+    error = body.get("error") if isinstance(body, dict) else None
+    return str(error.get("code") or "") if isinstance(error, dict) else ""
+
+
 def _records(answer: Answer) -> list[UsageRecord]:
     """What an answer bills: its record, then its guard's (none without a record)."""
     return [answer.record, *answer.extra] if answer.record is not None else []
@@ -310,8 +363,18 @@ def _count_processed(outcomes: Counter[str]) -> None:
         log.warning("batch line counts for the metrics lost (Redis unavailable)")
 
 
-async def _run_line(plan: Plan, line: Claimed, begun: set[int]) -> Answer:
+async def _run_line(plan: Plan, line: Claimed, begun: set[int], lending: Lending) -> Answer:
     records: list[UsageRecord] = []
+    # Without a spot pool a line runs only on lent room: it always asks (and comes back later).
+    asked = plan.lend if plan.lend and plan.pool == plan.lend else lending.ask()
+    lent = False
+
+    def admitted(pool: str) -> None:
+        nonlocal lent
+        begun.add(line.pk)
+        lending.admitted(asked, pool)
+        lent = asked is not None and pool == asked
+
     if (
         plan.key is not None
         and plan.key.expires_at is not None
@@ -330,8 +393,11 @@ async def _run_line(plan: Plan, line: Claimed, begun: set[int]) -> Answer:
             pool=plan.pool,
             mode="batch",
             ledger=records.append,
-            admitted=lambda: begun.add(line.pk),
+            admitted=admitted,
+            lend=asked,
         )
+        if lent:
+            lending.ended(failed=status >= 500 and _error_code(body) != LENT_RECLAIMED)
     main = records[0] if records else None
     # The body is not kept with the answer: answers wait to be stored in groups.
     ran = dataclasses.replace(line, body=b"")
@@ -358,13 +424,15 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
         width = min(width, plan.key.limit("max_concurrency"))
     chunk = max(1, width // 8)
     room = settings.INFERPLANE_BATCH_INFLIGHT_BYTES
+    lending = Lending(plan.lend)
     running: dict[asyncio.Task[Answer], int] = {}
     sizes: dict[int, int] = {}  # the bytes of each line running
     answered: list[Answer] = []
     begun: set[int] = set()  # lines past admission: on an engine, they finish
     renew_every = settings.INFERPLANE_BATCH_LEASE_SECONDS / 3
     renewed = flushed = looked = time.monotonic()
-    exhausted = False
+    exhausted = stopped = False
+    reopen = False  # a line went back to pending that this run may claim again
     while True:
         if running and time.monotonic() - looked > CHECK_SECONDS:
             looked = time.monotonic()
@@ -372,22 +440,30 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
             if ending or status != Batch.Status.IN_PROGRESS:
                 # Cancelled: lines still waiting for a replica will not run (those on an
                 # engine finish). Expired or finished: nothing of ours will be kept.
-                exhausted = True
+                exhausted = stopped = True
                 for task, pk in running.items():
                     if ending or pk not in begun:
                         task.cancel()
         # Claim in chunks (an eighth of the width at least): one transaction per line
         # finished would cost more than the lines' own bookkeeping.
+        lending.wake.clear()  # an admission from now on ends the wait below
         free, left = width - len(running), room - sum(sizes.values())
-        if (
-            not exhausted
-            and time.monotonic() < deadline
-            and (not running or (free >= chunk and left > 0))
-        ):
+        wanted = free >= chunk
+        if plan.lend:
+            # Few lines wait in the spot pool's queue: a waiting line cannot move to room the
+            # online pool lends later, a line claimed later asks it first. Lines admitted
+            # anywhere do not count: the spot pool stays full.
+            # A lent line that ended left room there: a line claimed now takes it (the
+            # waiting bound would otherwise leave it idle until a spot line starts).
+            waiting = sum(1 for pk in running.values() if pk not in begun)
+            free = min(free, LEND_WAITING - waiting + lending.freed)
+            lending.freed = 0
+            wanted = free >= 1
+        if not exhausted and time.monotonic() < deadline and (not running or (wanted and left > 0)):
             claimed = await run_db(_claim, plan.batch_id, token, free, left)
             exhausted = not claimed
             for line in claimed:
-                running[asyncio.ensure_future(_run_line(plan, line, begun))] = line.pk
+                running[asyncio.ensure_future(_run_line(plan, line, begun, lending))] = line.pk
                 sizes[line.pk] = line.size
         if answered and (
             not running
@@ -396,12 +472,18 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
         ):
             await run_db(_store_many, token, answered)
             answered, flushed = [], time.monotonic()
+            if reopen and not stopped:  # lines lent room lost are pending again: ours to claim
+                exhausted = reopen = False
         if not running:
-            return
-        done, _ = await asyncio.wait(
-            running, timeout=FLUSH_SECONDS, return_when=asyncio.FIRST_COMPLETED
+            if exhausted or time.monotonic() >= deadline:
+                return
+            continue  # lines it lost lent room for are pending again: claimed next
+        woken: asyncio.Future[Any] = asyncio.ensure_future(lending.wake.wait())
+        await asyncio.wait(
+            [*running, woken], timeout=FLUSH_SECONDS, return_when=asyncio.FIRST_COMPLETED
         )
-        for task in done:
+        woken.cancel()
+        for task in [task for task in running if task.done()]:
             pk = running.pop(task)
             sizes.pop(pk, None)
             if task.cancelled():  # the batch stopped before the line began (see above)
@@ -414,6 +496,7 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
                 answered.append(Answer(Claimed(pk, b"", 1), 500, {}, None))  # failures unknown
             else:
                 answered.append(task.result())
+                reopen = reopen or _error_code(answered[-1].body) == LENT_RECLAIMED
         if time.monotonic() - renewed > renew_every and (running or answered):
             await run_db(_renew, token, [*running.values(), *(a.line.pk for a in answered)])
             renewed = time.monotonic()

@@ -221,9 +221,8 @@ def batch_validate(*, batch_id: str, lease: datetime | None = None) -> Batch:
     model = next(iter(models), "")
     context_length = 0
     if model and not errors.count:
-        callable_now = catalog_read(tenant_id=batch.tenant_id).callable(
-            model, batch.tenant_id, kind="batch"
-        )
+        catalog = catalog_read(tenant_id=batch.tenant_id)
+        callable_now = catalog.callable(model, batch.tenant_id, kind="batch")
         if callable_now is None:
             errors.add(
                 "model_not_found",
@@ -231,7 +230,8 @@ def batch_validate(*, batch_id: str, lease: datetime | None = None) -> Batch:
                 line=None,
                 param="body.model",
             )
-        elif callable_now.pool is None:
+        elif callable_now.pool is None and catalog.lender(model, batch.tenant_id) is None:
+            # A spot pool runs it, or the room its online pool lends.
             errors.add(
                 "model_not_found",
                 f"No batch pool serves `{_shown(model)}`.",

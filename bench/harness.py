@@ -102,6 +102,10 @@ class Bench:
         _wait_http(f"{self.engine_url}/health", 300, self.processes[name], name)
         return self.engine_url
 
+    def stop_engine(self, url: str) -> None:
+        """Stop the engine started at ``url`` (``start_engine``)."""
+        _stop(self.processes.pop(f"engine-{url.rsplit(':', 1)[1]}"))
+
     def web_cpu_seconds(self, name: str = "web") -> float:
         """CPU time (user + system) the web server (or another process by ``name``) has used
         so far: its process and every process under it (uvicorn's workers), from /proc."""

@@ -89,6 +89,8 @@ class CatalogPool(msgspec.Struct, frozen=True):
     max_queue_wait_seconds: float
     replicas: dict[str, CatalogReplica]  # by replica id
     max_loras: int = 1  # adapters one replica holds at once
+    # The percent of its capacity an online pool lends batch lines while idle (0: none).
+    lend_percent: int = 0
 
 
 class AdapterVersion(msgspec.Struct, frozen=True):
@@ -170,6 +172,13 @@ class Catalog(msgspec.Struct, frozen=True):
             return Servable(asked, model.created, "inferplane", base, model, pool)
         owner = name.partition("/")[0]
         return Servable(asked, entry.created, owner, base, model, pool, adapter)
+
+    def lender(self, name: str, tenant_id: int) -> str | None:
+        """The online pool that lends idle room to batch lines calling ``name`` (the one its
+        online requests run on, when it lends: ``CatalogPool.lend_percent``), or None."""
+        online = self.callable(name, tenant_id)
+        pool = self.pools.get(online.pool) if online is not None and online.pool else None
+        return online.pool if online is not None and pool and pool.lend_percent else None
 
     def callable_by(self, tenant_id: int, *, kind: str = "online") -> dict[str, Servable]:
         """Every name the tenant can call right now (a pool of that kind serves it): the base

@@ -6,15 +6,17 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 
 
-def parse_positive_int(value: str | None, *, option: str, maximum: int) -> int | None:
+def parse_positive_int(
+    value: str | None, *, option: str, maximum: int, minimum: int = 1
+) -> int | None:
     if value is None:
         return None
     try:
         number = int(value)
     except ValueError:
         raise CommandError(f"{option} must be a whole number, not {value!r}") from None
-    if not 1 <= number <= maximum:
-        raise CommandError(f"{option} must be between 1 and {maximum}, not {number}")
+    if not minimum <= number <= maximum:
+        raise CommandError(f"{option} must be between {minimum} and {maximum}, not {number}")
     return number
 
 

@@ -106,15 +106,28 @@ class PlatformCollector(Collector):
             "Tenants with a request waiting for admission in the pool.",
             labels=["pool"],
         )
+        lent = GaugeMetricFamily(
+            "inferplane_admission_lent",
+            "Sequences batch lines run on room an online pool lends (part of in_flight).",
+            labels=["pool"],
+        )
+        reclaimed = CounterMetricFamily(
+            "inferplane_admission_lent_reclaimed",
+            "Lent requests whose room an online request took back (the line was aborted and "
+            "runs again).",
+            labels=["pool"],
+        )
         client = redis_sync()
         for pool in pools:
             state = queue_state(pool)
+            lent.add_metric([pool], state.lent)
+            reclaimed.add_metric([pool], state.reclaimed)
             room = client.hgetall(pool_prefix(pool) + "replicas")
             depth.add_metric([pool], state.queued)
             inflight.add_metric([pool], sum(state.in_flight.values()))
             capacity.add_metric([pool], sum(int(n) for name, n in room.items() if name != b"none"))
             waiting.add_metric([pool], len(state.waiting))
-        return (depth, inflight, capacity, waiting)
+        return (depth, inflight, capacity, waiting, lent, reclaimed)
 
     def _replicas(self, catalog: Catalog) -> Iterable[Metric]:
         replicas = GaugeMetricFamily(

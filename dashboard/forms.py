@@ -314,6 +314,7 @@ class PoolForm(forms.ModelForm[Pool]):
             "max_loras",
             "max_lora_rank",
             "drain_grace_seconds",
+            "lend_percent",
         ]
         labels = {
             "max_inflight": "Max in flight per replica",
@@ -321,6 +322,7 @@ class PoolForm(forms.ModelForm[Pool]):
             "max_loras": "Adapters per replica",
             "max_lora_rank": "Max adapter rank",
             "drain_grace_seconds": "Drain grace (s)",
+            "lend_percent": "Lend to batch work (%)",
         }
 
 

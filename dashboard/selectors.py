@@ -15,7 +15,7 @@ from billing.selectors import rollup_sums
 from fleet.models import Pool
 from inference.catalog import catalog_read
 from inference.gateway import metrics
-from inference.gateway.admission import queue_state
+from inference.gateway.admission import QueueState, queue_state
 from inference.gateway.limits import rejection_counts_key, rejections_key
 from inference.gateway.lora import adapters_held
 from tenants.models import Tenant
@@ -210,10 +210,24 @@ def ops_snapshot(*, name: str | None = None) -> dict[str, Any]:
                 "queued": state.queued,
                 # What waits in each priority band, e.g. "3 interactive, 12 background".
                 "bands": ", ".join(f"{n} {band}" for band, n in state.by_band.items() if n),
+                # An online pool lending idle room to batch lines: what runs online, what is
+                # lent (sequences), of how much it may lend, and how often it took room back.
+                "lending": _lending(pool, state) if state.lend_percent else None,
                 "spark": sparks[pool.name],
             }
         )
     return {"pools": pools}
+
+
+def _lending(pool: Pool, state: QueueState) -> dict[str, int]:
+    ready = sum(1 for r in pool.replicas.all() if r.state == r.State.READY)
+    return {
+        "percent": state.lend_percent,
+        "lent": state.lent,
+        "online": max(0, sum(state.in_flight.values()) - state.lent),
+        "cap": ready * pool.max_inflight * state.lend_percent // 100,
+        "reclaimed": state.reclaimed,
+    }
 
 
 OPS_TENANTS_PER_PAGE = 50

@@ -172,6 +172,15 @@ class Pool(models.Model):
         help_text="The engines' --max-loras: adapters one replica holds at once; loading "
         "another evicts the least recently used.",
     )
+    lend_percent = models.PositiveSmallIntegerField(
+        default=0,
+        validators=[MaxValueValidator(100)],
+        help_text="Online pools: the percent of the pool's capacity (sequences) that batch "
+        "lines may borrow while no online request waits, in the lowest band; 0 lends none. "
+        "An online request that needs the room takes it back at once (the lent line is "
+        "aborted and runs again later). Its engines must run with --scheduling-policy "
+        "priority (docs/priority.md).",
+    )
     discovery = models.CharField(
         max_length=8,
         choices=Discovery.choices,
@@ -220,6 +229,10 @@ class Pool(models.Model):
     def clean(self) -> None:
         if self.discovery == self.Discovery.DNS and not self.dns_name:
             raise ValidationError({"dns_name": "DNS discovery needs the Service's DNS name."})
+        if self.lend_percent and self.kind != self.Kind.DEDICATED:
+            raise ValidationError(
+                {"lend_percent": "Only an online (dedicated) pool lends room to batch lines."}
+            )
 
     @property
     def discovery_url(self) -> str:

@@ -33,7 +33,7 @@ class PoolAdmin(admin.ModelAdmin[Pool]):
         (None, {"fields": ["name", "kind", "model", "max_inflight", "policy"]}),
         (
             "Admission and LoRA",
-            {"fields": ["max_queue_wait_seconds", "max_lora_rank", "max_loras"]},
+            {"fields": ["max_queue_wait_seconds", "lend_percent", "max_lora_rank", "max_loras"]},
         ),
         (
             "Replica discovery",

@@ -55,6 +55,10 @@ class PoolOutputSerializer(serializers.Serializer[Any]):
     )
     discovery_error = serializers.CharField(help_text="Why the last DNS resolution failed.")
     drain_grace_seconds = serializers.IntegerField()
+    lend_percent = serializers.IntegerField(
+        help_text="The percent of an online pool's capacity batch lines may borrow while no "
+        "online request waits (0: none)."
+    )
     replicas = serializers.SerializerMethodField()
 
     @extend_schema_field(ReplicaOutputSerializer(many=True))

@@ -78,6 +78,7 @@ def catalog_build() -> Catalog:
             max_inflight=pool.max_inflight,
             max_queue_wait_seconds=pool.max_queue_wait_seconds,
             max_loras=pool.max_loras,
+            lend_percent=pool.lend_percent if pool.kind == Pool.Kind.DEDICATED else 0,
             replicas={
                 str(r.pk): CatalogReplica(url=r.url, state=r.state, name=r.name)
                 for r in pool.replicas.all()
@@ -182,6 +183,7 @@ def catalog_publish() -> Catalog:
             # An empty hash cannot exist; this marker says "catalog known, no capacity".
             pipe.hset(prefix + "replicas", "none", 0)
         pipe.set(prefix + "policy", pool.policy)
+        pipe.set(prefix + "lend", pool.lend_percent)  # admission's lend.lua reads it
     previous, versioned = pipe.execute()[:2]
     if not versioned or previous is None or previous.decode() != digest:
         version = client.incr(CATALOG_VERSION_KEY)

@@ -112,10 +112,12 @@ def pool_configure(
     max_lora_rank: int | None = None,
     discovery: str | None = None,
     drain_grace_seconds: int | None = None,
+    lend_percent: int | None = None,
     actor: User | None = None,
 ) -> Pool:
     before = {field: getattr(pool, field) for field in POOL_SETTINGS}
     for field, value in (
+        ("lend_percent", lend_percent),
         ("max_inflight", max_inflight),
         ("policy", policy),
         ("max_queue_wait_seconds", max_queue_wait_seconds),
@@ -149,6 +151,7 @@ POOL_SETTINGS = (
     "max_lora_rank",
     "discovery_url",
     "drain_grace_seconds",
+    "lend_percent",
 )
 
 

@@ -48,6 +48,9 @@ fi
 # --enable-scale-out serves vLLM's abort by request id (/inference/v1/abort_requests, behind
 # the API key): a gateway whose client left aborts the sequences and reads the engine's own
 # final usage, so the ledger bills exactly what the engine generated.
+# --scheduling-policy priority: the engine's waiting requests in the order the gateway's
+# X-Vllm-Priority says (lower first): on a pool that lends idle room to batch lines, online
+# requests go before lent ones (docs/priority.md). Requests without it are all equal (0).
 # --distributed-executor-backend uni: the worker runs inside the engine-core process. On two
 # shared cores, vLLM's separate worker process handing every step back and forth stalls for
 # whole scheduler slices (measured: 64 concurrent streams took 1.2 s to 20 s; with uni,
@@ -60,5 +63,6 @@ exec nice -n "$nice_level" "$python" -m vllm.entrypoints.openai.api_server \
   --max-num-seqs "${ENGINE_MAX_NUM_SEQS:-64}" \
   --disable-uvicorn-access-log --enable-prompt-tokens-details \
   --enable-scale-out \
+  --scheduling-policy priority \
   --distributed-executor-backend uni \
   "$@"

@@ -14,6 +14,11 @@ Per pool, under one hash tag (``ip:{p:<pool>}:``), with ``<b>`` a priority band 
   replicas      hash   ready replica id -> capacity (``catalog_publish`` writes it)
   rload         hash   replica id -> sequences in flight (a request runs prompts x n of them)
   grants:<proc> list   admitted request ids for the web process that holds the connection
+                       ("rid|replica"), or lent ones it lost ("!rid")
+  lend          string the percent of the pool's capacity it lends batch lines (the catalog's)
+  lent          zset   request ids running on lent room, by when they were lent
+  lent_seqs     string the sequences they run
+  lending       hash   lent / reclaimed: how many requests were lent room, and lost it
 
 Capacity counts sequences, not requests: a request of 8 prompts with n=2 takes 16 of a
 replica's ``max_inflight`` slots (one larger than a replica is refused before it gets here),
@@ -34,6 +39,12 @@ smallest backlogged counter, so idle time earns no credit. When a request ends a
 tenant is owed service but has nothing queued yet (a client about to send its next request),
 the slot is held for that tenant for HOLD_MS before anyone else gets it. Leases of a crashed
 process expire and are reaped.
+
+An online pool may lend its idle room to batch lines (``borrow``, ``lend.lua``): granted at
+once in the lowest band while nothing waits in any band and the lent sequences stay within the
+pool's share, else refused at once (the line runs on its spot pool). A request that finds no
+room takes lent room back first (``reclaim``): the newest lent request's slot is freed in the
+same script and its process told, which aborts it on the engine.
 """
 
 from __future__ import annotations
@@ -84,6 +95,10 @@ _CONSTANTS = {
 # ARGV: lease slack rid tenant weight est proc prefix wait_ms adapter seqs band
 ENQUEUE = Script("admission", "enqueue", constants=_CONSTANTS)
 
+# ARGV: lease slack rid tenant weight est proc prefix adapter seqs
+#   -> {'granted', replica} | {'no', why} | {'nocatalog', ''}: room lent at once, or none
+LEND = Script("admission", "lend", constants=_CONSTANTS)
+
 # ARGV: lease slack  ->  held slots left (expired holds are released, waiters admitted)
 TICK = Script("admission", "tick", constants=_CONSTANTS)
 
@@ -125,6 +140,8 @@ class Admission:
     waiting: Counter[str] = field(default_factory=Counter)
     listeners: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     renewer: asyncio.Task[None] | None = None
+    # rid -> set when the online pool takes back the room it lent the request (``borrow``)
+    reclaimed: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def _args(self, *args: str | int | float) -> list[str | int | float]:
         return [LEASE_MS, ROUTE_SLACK, *args]
@@ -204,6 +221,55 @@ class Admission:
             self.waiters.pop(rid, None)
             self.waiting[pool] -= 1
 
+    async def borrow(
+        self,
+        *,
+        pool: str,
+        rid: str,
+        tenant: int,
+        weight: int,
+        prompt_estimate: int,
+        prefix: str,
+        limit_keys: tuple[str, ...],
+        limit_member: str = "",
+        adapter: str = "",
+        sequences: int = 1,
+    ) -> str:
+        """Room an online pool lends a batch line now, in the lowest band: the replica, or
+        "" when the pool lends none now (it never waits). A lent request's ``reclaimed``
+        event is set when online demand takes the room back; the caller then aborts it."""
+        self._start(pool)
+        # Before the script runs: a reclaim may reach the listener before the answer here.
+        event = self.reclaimed[rid] = asyncio.Event()
+        self.held[rid] = (pool, limit_keys, limit_member or rid)
+        granted = False
+        try:
+            result = await asyncio.shield(
+                LEND(
+                    keys=[pool_prefix(pool)],
+                    args=self._args(
+                        rid,
+                        tenant,
+                        weight,
+                        W_IN * prompt_estimate,
+                        self.proc,
+                        prefix,
+                        adapter,
+                        sequences,
+                    ),
+                )
+            )
+            state, replica = result[0].decode(), result[1].decode()
+            if state == "nocatalog":
+                raise CatalogMissing(pool)
+            granted = state == "granted"
+            return replica if granted else ""
+        finally:
+            if not granted:
+                self.held.pop(rid, None)
+                if self.reclaimed.get(rid) is event:
+                    del self.reclaimed[rid]
+
     async def _undo_enqueue(
         self, pool: str, rid: str, enqueue: asyncio.Future[Any], future: asyncio.Future[str]
     ) -> None:
@@ -241,10 +307,12 @@ class Admission:
     async def complete(self, *, pool: str, rid: str, adjustment: float) -> None:
         """Free the slot; ``adjustment`` is the weighted service not yet charged."""
         self.held.pop(rid, None)
+        self.reclaimed.pop(rid, None)
         await COMPLETE(keys=[pool_prefix(pool)], args=self._args(rid, adjustment))
 
     def complete_into(self, pipe: Batch, *, pool: str, rid: str, adjustment: float) -> None:
         self.held.pop(rid, None)
+        self.reclaimed.pop(rid, None)
         pipe.script(COMPLETE, [pool_prefix(pool)], self._args(rid, adjustment))
 
     async def reroute(self, *, pool: str, rid: str, failed: str) -> str:
@@ -287,6 +355,11 @@ class Admission:
                 continue
             grant = item[1]
             text = grant.decode() if isinstance(grant, bytes) else str(grant)
+            if text.startswith("!"):  # lent room taken back (``reclaim``): its slot is gone
+                event = self.reclaimed.get(text[1:])
+                if event is not None:
+                    event.set()
+                continue
             rid, _, replica = text.partition("|")
             future = self.waiters.get(rid)
             if rid in self.claimed:
@@ -346,6 +419,9 @@ class QueueState:
     waiting: dict[int, int]  # tenant id -> requests queued (VTC), every band
     fcfs_waiting: int  # requests queued under the FCFS policy
     by_band: dict[str, int]  # priority class -> requests queued in its band
+    lent: int = 0  # sequences running on room lent to batch lines (``borrow``)
+    lend_percent: int = 0  # the share of its capacity the pool lends (0: none)
+    reclaimed: int = 0  # lent requests taken back for online ones, ever
 
     @property
     def queued(self) -> int:
@@ -360,10 +436,13 @@ def queue_state(pool: str) -> QueueState:
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(base + "rload")
     pipe.hgetall(base + "active")
+    pipe.get(base + "lent_seqs")
+    pipe.get(base + "lend")
+    pipe.hget(base + "lending", "reclaimed")
     for band in range(BANDS):
         pipe.zrange(f"{base}backlog:{band}", 0, -1)
         pipe.llen(f"{base}fcfs:{band}")
-    rload, active, *queues = pipe.execute()
+    rload, active, lent, lend, reclaimed, *queues = pipe.execute()
     backlogs, fcfs = queues[0::2], [int(n) for n in queues[1::2]]
     pipe = client.pipeline(transaction=False)
     lists = [(band, t) for band, tenants in enumerate(backlogs) for t in tenants]
@@ -382,6 +461,9 @@ def queue_state(pool: str) -> QueueState:
         waiting={t: n for t, n in waiting.items() if n},
         fcfs_waiting=sum(fcfs),
         by_band=by_band,
+        lent=int(lent or 0),
+        lend_percent=int(lend or 0),
+        reclaimed=int(reclaimed or 0),
     )
 
 

@@ -84,6 +84,12 @@ class Route:
     tried: str = ""  # the replica last sent to (the one that failed, if none is left)
     adapter_replica: str = ""  # the replica counting this request as using the adapter
     max_loras: int = 1  # adapters one replica of the pool holds at once
+    # The priority its engine schedules it at (vLLM's, lower first), on a pool whose engines
+    # schedule by priority (one that lends); None: the engine is not told.
+    engine_priority: int | None = None
+    # It runs on room an online pool lent it (a batch line): taken back when online
+    # requests need it (``Admission.borrow``).
+    lent: bool = False
 
 
 @dataclass(slots=True)
@@ -135,6 +141,9 @@ class Call:
     # Its dealings with the tenant's response cache (``cache.Ticket``); None: no cache.
     cache: Ticket | None = None
     priority: str = DEFAULT_CLASS  # the class it was admitted in (``gateway.priority``)
+    # Its lent room was taken back and its work aborted (``lifecycle.run_whole``): nothing of
+    # it counts toward the tenant's limits or budgets (it runs again, and is billed then).
+    reclaimed: bool = False
 
     def _move(self, to: State) -> None:
         if to not in _NEXT[self.state]:

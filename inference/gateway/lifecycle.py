@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 
 from contract import UsageRecord
 from inference.gateway import cache, responses
+from inference.gateway.admission import admission
 from inference.gateway.auth import KeyInfo
 from inference.gateway.call import Call, MidStreamError, State
 from inference.gateway.errors import ApiError, overloaded
@@ -53,6 +54,9 @@ from inference.gateway.seams import (
     input_refused,
 )
 from inference.gateway.settle import finish
+
+# The error code of a lent call whose room an online request took back (``run_whole``).
+LENT_RECLAIMED = "lent_capacity_reclaimed"
 
 
 class ClientGone(Exception):
@@ -97,6 +101,7 @@ class Lifecycle:
         rid: str = "",
         surface: str = "",
         asked: cache.Directives | None = None,
+        lend: str | None = None,
     ) -> Lifecycle:
         """``pool``: the pool to run on (by name) instead of the model's online pool;
         ``mode`` and ``ledger``: how the call is billed and where its record goes;
@@ -105,7 +110,8 @@ class Lifecycle:
         transport gave the request already (``controlplane.logs``), else a new one;
         ``surface``: the public endpoint when it is not ``endpoint`` (``/v1/responses`` runs
         as a chat completion), for the ledger and the metrics; ``asked``: what the request's
-        headers ask of the tenant's response cache."""
+        headers ask of the tenant's response cache; ``lend``: an online pool that may lend
+        the call idle room (``prepare``)."""
         if whole and (output_filter is not None or input_check is not None):
             raise ValueError("a filter or check that can stop the answer needs its stream")
         # The tenant's moderation, unless the caller brought seams of its own.
@@ -150,6 +156,7 @@ class Lifecycle:
             surface=surface,
             asked=asked,
             embed=lambda model, text: _embed(key, model, text),
+            lend=lend,
         )
         life = cls(call, output_filter=output_filter, input_check=input_check, tokens=tokens)
         if not guards:
@@ -409,8 +416,9 @@ async def run_whole(
     input_check: InputCheck | None = None,
     mode: str = "online",
     ledger: Callable[[UsageRecord], None] | None = None,
-    admitted: Callable[[], None] | None = None,
+    admitted: Callable[[str], None] | None = None,
     asked: cache.Directives | None = None,
+    lend: str | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """One request run to completion without an HTTP request (a batch line in a Celery
     worker: ``async_to_sync(run_whole)(...)``, or many at once in one ``asyncio.run``):
@@ -418,7 +426,11 @@ async def run_whole(
     Returns (200, the non-streamed OpenAI body) — whatever the body's ``stream`` says — or
     (the status, the OpenAI error body) as the HTTP endpoint would answer them. Without an
     output filter or input check the engine is asked for its answer whole, not streamed
-    (``Call.whole``): the same answer and counts, at less work per token."""
+    (``Call.whole``): the same answer and counts, at less work per token. ``admitted`` is
+    told the pool it was admitted to; ``lend``: an online pool that may lend it idle room
+    (``prepare``), which it gives back when online requests need it: the engine's work is
+    aborted and the answer is the 503 ``lent_capacity_reclaimed`` (nothing billed: the
+    caller drops its record and runs it again)."""
     try:
         life = await Lifecycle.begin(
             key=key,
@@ -433,15 +445,55 @@ async def run_whole(
             # stream says how much that was.
             whole=output_filter is None and input_check is None,
             asked=asked,
+            lend=lend,
         )
         if admitted is not None:  # past limits and admission: a replica is ours now
-            admitted()
-        async with life:
-            await life.start()
-            return 200, await life.whole()
+            admitted(life.call.route.pool)
+        reclaimed = admission().reclaimed.get(life.call.rid) if life.call.route.lent else None
+        if reclaimed is None:
+            return await _answer(life)
+        return await _until_reclaimed(life, reclaimed)
     except ApiError as error:
         return error.status, error.body()
     except (RedisError, DatabaseError):
         # As online: without Redis nothing is served unmetered.
         busy = overloaded(1, "The service is briefly unavailable. Retry in a moment.")
         return busy.status, busy.body()
+
+
+async def _answer(life: Lifecycle) -> tuple[int, dict[str, Any]]:
+    async with life:
+        return await _whole(life)
+
+
+async def _whole(life: Lifecycle) -> tuple[int, dict[str, Any]]:
+    await life.start()
+    return 200, await life.whole()
+
+
+async def _until_reclaimed(life: Lifecycle, reclaimed: asyncio.Event) -> tuple[int, dict[str, Any]]:
+    """A lent call's answer, unless its room is taken back first: then its engine work is
+    aborted (closing the connection aborts it in vLLM) and it ends cut off, counting toward
+    nothing (``Call.reclaimed``)."""
+    async with life:  # entered here, so that it is settled however the wait below ends
+        answering = asyncio.ensure_future(_whole(life))
+        watching = asyncio.ensure_future(reclaimed.wait())
+        try:
+            await asyncio.wait((answering, watching), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+            if not answering.done():
+                answering.cancel()
+                await asyncio.gather(answering, return_exceptions=True)
+        if not answering.cancelled():
+            return answering.result()  # it finished first: kept
+        call = life.call
+        call.reclaimed = True
+        if call.state.live:
+            call.fail("its lent room was taken back", outcome=State.CUT_OFF)
+        raise ApiError(
+            503,
+            "The online pool took back the idle room this batch line borrowed; it runs again.",
+            type="server_error",
+            code=LENT_RECLAIMED,
+        )

@@ -25,7 +25,7 @@ from contract import (
 )
 from controlplane.logs import request_id_new, request_id_var
 from inference.gateway import cache, limits, metrics
-from inference.gateway.admission import CatalogMissing, admission
+from inference.gateway.admission import BANDS, DEFAULT_BAND, CatalogMissing, admission
 from inference.gateway.auth import KeyInfo
 from inference.gateway.call import Adapter, Call, Route, State
 from inference.gateway.catalog import catalog_view
@@ -45,6 +45,7 @@ from tenants.priority import band
 log = logging.getLogger(__name__)
 
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens assumed when max_tokens is not given
+BORROW_EVERY = 0.5  # how often a batch line with only lent room to run on asks for it
 
 
 # How the semantic cache embeds a request's text: (the embedding model, the text) -> its
@@ -130,6 +131,7 @@ async def prepare(
     surface: str = "",
     asked: cache.Directives | None = None,
     embed: Embed | None = None,
+    lend: str | None = None,
 ) -> Call:
     """Everything before the engine, for a request whose key was authenticated; on the
     model's online pool, or on ``pool`` (by name) when given. ``mode``, ``ledger`` and
@@ -137,6 +139,10 @@ async def prepare(
     ``surface``: the public endpoint, when the request runs as another (``ParsedRequest``);
     ``asked``: what the request's headers ask of the response cache (``cache.Directives``).
     An answer the cache holds takes no replica: the call comes back with a ``hit`` ticket.
+    ``lend``: an online pool that lends idle room (a batch line's model's): the call runs
+    there if it lends room now (``Admission.borrow``), else on ``pool`` — or, when ``pool``
+    is that pool itself (no spot pool), once it lends room, within the pool's queue wait
+    (a 503 after it).
 
     ``screen`` runs once the limits are taken (a refused request still counts toward the
     key's request rate) and before admission: what it refuses never waits for a replica.
@@ -152,6 +158,11 @@ async def prepare(
     priority = request_class(key, parsed.body.get("service_tier"), mode=mode)
     model = found.model
     pool_info = catalog.pools[pool_name]
+    lender = catalog.pools.get(lend) if lend is not None else None
+    if lender is not None and (lender.model != found.base or not lender.lend_percent):
+        lender = None  # it serves another model now, or lends nothing
+    if lend == pool_name and lender is None:
+        raise overloaded(5, f"Pool `{pool_name}` lends no room to batch work.")
     _check_fits(parsed, pool_info.max_inflight)
     check_content_parts(
         parsed,
@@ -215,22 +226,25 @@ async def prepare(
             await _look_up(ticket)
         if refusal is None and ticket is not None and not ticket.hit and ticket.store:
             await _look_up_similar(ticket, embed)
-        replica = (
-            ""  # refused, or answered from the cache: never admitted, never sent
-            if refusal is not None or (ticket is not None and ticket.hit)
-            else await _admit(
-                view,
-                pool_name,
-                pool_info,
-                rid,
-                key,
-                parsed,
-                grant,
-                adapter,
-                salted_prefix(salt, parsed.prefix_hash),
-                priority,
-            )
-        )
+        replica, lent = "", False  # refused, or answered from the cache: never sent
+        if refusal is None and not (ticket is not None and ticket.hit):
+            prefix = salted_prefix(salt, parsed.prefix_hash)
+            if lender is not None and lend is not None:
+                replica = await _borrow(lend, rid, key, parsed, grant, adapter, prefix)
+                # With no spot pool to go to, it waits for lent room as long as the pool
+                # lets a request wait for admission (asking again every BORROW_EVERY).
+                deadline = time.monotonic() + lender.max_queue_wait_seconds
+                while not replica and lend == pool_name and time.monotonic() < deadline:
+                    await asyncio.sleep(BORROW_EVERY)
+                    replica = await _borrow(lend, rid, key, parsed, grant, adapter, prefix)
+                if replica:
+                    pool_name, pool_info, lent = lend, lender, True
+                elif lend == pool_name:
+                    raise overloaded(2, f"Pool `{lend}` had no room to lend.")
+            if not replica:
+                replica = await _admit(
+                    view, pool_name, pool_info, rid, key, parsed, grant, adapter, prefix, priority
+                )
     except BaseException:
         await asyncio.shield(_release_quietly(grant))
         raise
@@ -251,6 +265,13 @@ async def prepare(
             replicas=pool_info.replicas,
             replica=replica,
             max_loras=pool_info.max_loras,
+            # Pools that lend schedule by priority: lent work after every band.
+            engine_priority=(
+                (BANDS if lent else band(priority)) - DEFAULT_BAND
+                if pool_info.lend_percent
+                else None
+            ),
+            lent=lent,
         ),
         served_name=served_name,
         grant=grant,
@@ -343,6 +364,35 @@ async def _admit(
             log.warning("admission unavailable", exc_info=True)
             break
     raise overloaded(2, "Admission is unavailable for a moment. Retry shortly.")
+
+
+async def _borrow(
+    pool: str,
+    rid: str,
+    key: KeyInfo,
+    parsed: ParsedRequest,
+    grant: limits.Grant,
+    adapter: Adapter | None,
+    prefix: str,
+) -> str:
+    """Room ``pool`` lends now (a replica), or "" (none, or admission unreachable: the
+    line runs on its own pool instead)."""
+    try:
+        return await admission().borrow(
+            pool=pool,
+            rid=rid,
+            tenant=key.tenant_id,
+            weight=key.weight,
+            prompt_estimate=parsed.prompt_estimate,
+            prefix=prefix,
+            limit_keys=grant.conc_keys,
+            limit_member=grant.member,
+            adapter=adapter.engine_name if adapter else "",
+            sequences=parsed.sequences,
+        )
+    except (CatalogMissing, RedisError):
+        log.warning("could not borrow room on %s", pool, exc_info=True)
+        return ""
 
 
 async def _look_up(ticket: cache.Ticket) -> None:

@@ -46,6 +46,8 @@ DRAIN_CAP_SECONDS = 0.25
 ABORTED_IDLE_SECONDS = 1.0
 ABORTED_CAP_SECONDS = 5.0
 ABORT_ASK_SECONDS = 1.0
+# vLLM's per-request priority (it overrides one in the body), for engines that schedule by it.
+PRIORITY_HEADER = "X-Vllm-Priority"
 
 
 class Stalled(Exception):
@@ -121,6 +123,8 @@ class Relay:
             "x-request-id": call.rid,
             **engine_auth_headers(),
         }
+        if call.route.engine_priority is not None:  # set here only: a client's never passes
+            headers[PRIORITY_HEADER] = str(call.route.engine_priority)
         reloaded = False
         first_byte = settings.INFERPLANE_ENGINE_FIRST_BYTE_TIMEOUT_SECONDS
         loop = asyncio.get_running_loop()

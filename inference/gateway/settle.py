@@ -61,6 +61,8 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
     )
     tokens = call.counts.prompt + call.counts.completion
     cost = _cost(call)
+    if call.reclaimed:
+        tokens = cost = 0
     metrics.request_settled(
         record,
         tenant_slug=call.key.tenant_slug,

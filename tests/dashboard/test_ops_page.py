@@ -1,15 +1,20 @@
-"""The operator page's model routes (canaries) and its tenant table (paged, searchable)."""
+"""The operator page: model routes (canaries), its tenant table (paged, searchable), each
+pool's last minutes and what it lends."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from django.template.loader import render_to_string
 
 from controlplane.redis import redis_sync
 from dashboard.selectors import _spark, ops_sparklines
-from fleet.models import Model, ModelRoute
+from fleet.models import Model, ModelRoute, Replica
+from inference.catalog import catalog_publish
 from inference.gateway import metrics
-from inference.services import model_ensure, pool_ensure
+from inference.gateway.admission import Admission
+from inference.services import model_ensure, pool_configure, pool_ensure
 from tenants.models import Tenant
 from tests.conftest import TenantPeople
 from tests.dashboard.test_views import browser
@@ -125,3 +130,40 @@ def test_the_operator_page_draws_each_pool_s_last_minutes(people: TenantPeople) 
     assert 'data-spark="ttft"' in page and 'data-spark="wait"' in page
     drawn = render_to_string("dashboard/_spark.html", {"label": "TTFT", "spark": spark["ttft"]})
     assert "0.75 to 1 s" in drawn  # the bucket the p95 is in, not a number it is not
+
+
+def test_the_operator_page_shows_what_a_pool_runs_online_and_what_it_lends(
+    people: TenantPeople,
+) -> None:
+    """Two batch lines on lent room beside one online request, through admission itself."""
+    _models()
+    pool = pool_ensure(
+        name="online",
+        kind="dedicated",
+        model=Model.objects.get(name="tiny-chat"),
+        replica_urls=["http://gpu-a:8000"],
+    )
+    pool.replicas.update(state=Replica.State.READY)
+    pool_configure(pool=pool, lend_percent=50)  # of 8 sequences: 4
+    catalog_publish()
+    staff = browser(people.staff)
+    assert "data-lending" in staff.get("/app/ops/").content.decode()  # lends, nothing lent yet
+
+    async def load() -> None:
+        adm = Admission()
+        for rid in ("line-1", "line-2"):
+            assert await adm.borrow(
+                pool="online", rid=rid, tenant=1, weight=1, prompt_estimate=5, prefix="",
+                limit_keys=(),
+            )  # fmt: skip
+        await adm.admit(
+            pool="online", rid="chat", tenant=2, weight=1, prompt_estimate=5, prefix="",
+            wait_seconds=1, limit_keys=(),
+        )  # fmt: skip
+
+    asyncio.run(load())
+    page = staff.get("/app/ops/?fragment=1").content.decode()
+    lending = page.split("data-lending", 1)[1].split("</span>", 1)[0]
+    assert "1 online, 2 lent of 4, 0 taken back" in lending
+    pool_configure(pool=pool, lend_percent=0)
+    assert "data-lending" not in staff.get("/app/ops/").content.decode()  # lends nothing now

@@ -861,6 +861,7 @@ def test_the_operator_runs_a_pool_from_its_page_by_the_service_s_rules(
         "max_loras": "4",
         "max_lora_rank": "8",
         "drain_grace_seconds": "300",
+        "lend_percent": "0",
         "replicas_from": "static",
     }
     refused = staff.post("/app/ops/pools/online/", settings)
@@ -870,11 +871,12 @@ def test_the_operator_runs_a_pool_from_its_page_by_the_service_s_rules(
     )
     assert dns.status_code == 400
     assert Pool.objects.get(name="online").max_inflight == 8  # nothing changed
-    assert (
-        staff.post("/app/ops/pools/online/", {**settings, "max_inflight": "16"}).status_code == 302
-    )
+    over = staff.post("/app/ops/pools/online/", {**settings, "lend_percent": "101"})
+    assert over.status_code == 400 and "less than or equal to 100" in over.content.decode()
+    changed = {**settings, "max_inflight": "16", "lend_percent": "25"}
+    assert staff.post("/app/ops/pools/online/", changed).status_code == 302
     pool = Pool.objects.get(name="online")
-    assert (pool.max_inflight, pool.policy) == (16, "fcfs")
+    assert (pool.max_inflight, pool.policy, pool.lend_percent) == (16, "fcfs", 25)
 
     events = list(AuditEvent.objects.filter(tenant=None).order_by("id"))
     assert [(e.action, e.actor_label) for e in events] == [
@@ -883,7 +885,11 @@ def test_the_operator_runs_a_pool_from_its_page_by_the_service_s_rules(
         ("replica.remove", "operator"),
         ("pool.configure", "operator"),
     ]
-    assert events[-1].details == {"max_inflight": [8, 16], "policy": ["vtc", "fcfs"]}
+    assert events[-1].details == {
+        "max_inflight": [8, 16],
+        "policy": ["vtc", "fcfs"],
+        "lend_percent": [0, 25],
+    }
     changes = staff.get("/app/ops/pools/online/").content.decode().split('id="pool-changes"')[1]
     assert changes.count("<tr data-action=") == 4 and "http://gpu-b:8000" in changes
 

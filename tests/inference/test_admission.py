@@ -638,3 +638,76 @@ async def test_an_admit_cancelled_at_any_moment_leaves_no_slot_taken() -> None:
         assert not await client.exists(BASE + f"req:cancelled-{steps}"), steps
     # The one slot is free: the next request gets it at once.
     assert await _admit(adm, "after", tenant=3, wait_seconds=0.5) == "r1"
+
+
+# --- lending an online pool's idle room to batch lines (``Admission.borrow``) ---------------
+
+
+async def _borrow(adm: Admission, rid: str, tenant: int = 9, sequences: int = 1) -> str:
+    return await adm.borrow(
+        pool=POOL,
+        rid=rid,
+        tenant=tenant,
+        weight=1,
+        prompt_estimate=5,
+        prefix="",
+        limit_keys=(),
+        sequences=sequences,
+    )
+
+
+async def _lends(percent: int) -> None:
+    await redis_async().set(BASE + "lend", percent)
+
+
+async def test_a_pool_lends_only_its_share_and_only_while_it_lends() -> None:
+    await _pool({"r1": 4, "r2": 4})
+    adm = Admission()
+    assert await _borrow(adm, "none") == ""  # a pool lends nothing unless told to
+    await _lends(50)
+    got = [await _borrow(adm, f"b{i}") for i in range(5)]
+    assert all(got[:4]) and got[4] == ""  # half of 8 sequences, no more
+    assert queue_state(POOL).lent == 4
+    await adm.complete(pool=POOL, rid="b0", adjustment=0)
+    assert queue_state(POOL).lent == 3
+    assert await _borrow(adm, "b5")  # the room given back may be lent again
+    assert await _borrow(adm, "big", sequences=2) == ""  # past the share
+    await _lends(0)
+    await adm.complete(pool=POOL, rid="b1", adjustment=0)
+    assert await _borrow(adm, "b6") == ""  # lending turned off: nothing more is lent
+
+
+async def test_nothing_is_lent_while_an_online_request_waits() -> None:
+    await _pool({"r1": 1})
+    await _lends(100)
+    adm = Admission()
+    await _admit(adm, "online", tenant=1)
+    waiting = asyncio.create_task(_admit(adm, "waits", tenant=2, band=BACKGROUND))
+    await _queued("waits")
+    assert await _borrow(adm, "lent") == ""  # even a background request goes first
+    await adm.complete(pool=POOL, rid="online", adjustment=0)
+    assert await waiting == "r1"
+
+
+async def test_an_online_request_takes_lent_room_back_at_once() -> None:
+    """The pool is full of lent lines: an online request in any band is admitted at once,
+    the line lent last is told it lost its room, and its slot never counts twice."""
+    await _pool({"r1": 2})
+    await _lends(100)
+    adm = Admission()
+    assert await _borrow(adm, "old") == "r1"
+    assert await _borrow(adm, "new") == "r1"
+    assert await _admit(adm, "online", tenant=1, band=BACKGROUND, wait_seconds=1) == "r1"
+    await asyncio.wait_for(adm.reclaimed["new"].wait(), 5)  # the newest loses its room
+    assert not adm.reclaimed["old"].is_set()
+    client = redis_async()
+    assert await client.hget(BASE + "rload", "r1") == b"2"  # old + online
+    assert queue_state(POOL).lent == 1
+    # The revoked line's own settlement afterwards frees nothing that is not its own.
+    await adm.complete(pool=POOL, rid="new", adjustment=0)
+    assert await client.hget(BASE + "rload", "r1") == b"2"
+    assert int(await client.hget(BASE + "lending", "reclaimed") or 0) == 1
+    await adm.complete(pool=POOL, rid="old", adjustment=0)
+    await adm.complete(pool=POOL, rid="online", adjustment=0)
+    assert await client.hget(BASE + "rload", "r1") == b"0"
+    assert queue_state(POOL).lent == 0

@@ -47,6 +47,26 @@ def test_configure_pool_bad_input(pool: Pool, args: list[str], message: str) -> 
     assert (pool.max_inflight, pool.policy) == (8, "vtc")
 
 
+def test_configure_pool_lends_an_online_pool_s_idle_room_and_never_a_spot_pool_s(
+    pool: Pool,
+) -> None:
+    result = run_manage("configure_pool", "online", "--lend-percent", "40")
+    assert result.returncode == 0, result.stderr
+    assert "lend_percent=40" in result.stdout
+    assert redis_sync().get(pool_prefix("online") + "lend") == b"40"  # admission's copy
+    assert run_manage("configure_pool", "online", "--lend-percent", "0").returncode == 0
+    assert redis_sync().get(pool_prefix("online") + "lend") == b"0"
+    over = run_manage("configure_pool", "online", "--lend-percent", "101")
+    assert over.stderr.strip() == "CommandError: --lend-percent must be between 0 and 100, not 101"
+    pool_ensure(name="spot", kind="spot", model=pool.model, replica_urls=[])
+    spot = run_manage("configure_pool", "spot", "--lend-percent", "10")
+    assert spot.returncode != 0
+    assert spot.stderr.strip() == (
+        "CommandError: lend_percent: Only an online (dedicated) pool lends room to batch lines."
+    )
+    assert Pool.objects.get(name="spot").lend_percent == 0
+
+
 # --- configure_pool --discovery ---------------------------------------------------------------
 
 

@@ -582,6 +582,7 @@ def test_the_pool_admin_names_inline_replicas_and_sets_dns_discovery(static_pool
         "dns_port": 8000,
         "dns_scheme": "http",
         "drain_grace_seconds": 60,
+        "lend_percent": 0,
         "replicas-TOTAL_FORMS": 3,
         "replicas-INITIAL_FORMS": 1,
         "replicas-MIN_NUM_FORMS": 0,

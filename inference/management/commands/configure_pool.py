@@ -33,6 +33,12 @@ class Command(BaseCommand):
             "re-resolved at every probe round).",
         )
         parser.add_argument(
+            "--lend-percent",
+            help="Online pools: the percent of the pool's capacity that batch lines may borrow "
+            "while no online request waits (0 lends none); its engines must run with "
+            "--scheduling-policy priority.",
+        )
+        parser.add_argument(
             "--drain-grace",
             help="Seconds a replica whose address left DNS may keep running requests before "
             "it is removed regardless.",
@@ -63,6 +69,9 @@ class Command(BaseCommand):
                     options["max_lora_rank"], option="--max-lora-rank", maximum=512
                 ),
                 discovery=options["discovery"],
+                lend_percent=parse_positive_int(
+                    options["lend_percent"], option="--lend-percent", maximum=100, minimum=0
+                ),
                 drain_grace_seconds=parse_positive_int(
                     options["drain_grace"], option="--drain-grace", maximum=86400
                 ),
@@ -72,5 +81,6 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{pool.name}: max_inflight={pool.max_inflight} policy={pool.policy} "
             f"max_queue_wait={pool.max_queue_wait_seconds}s max_loras={pool.max_loras} "
-            f"max_lora_rank={pool.max_lora_rank} discovery={pool.discovery_url}"
+            f"max_lora_rank={pool.max_lora_rank} lend_percent={pool.lend_percent} "
+            f"discovery={pool.discovery_url}"
         )

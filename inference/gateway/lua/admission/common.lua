@@ -17,11 +17,21 @@ local function deactivate(tenant)
   end
 end
 
+-- Lent room (a batch line on an online pool's idle capacity, lend.lua): ``lent`` zset of
+-- request ids by when they were lent, ``lent_seqs`` the sequences they run.
+local function unlend(rid, seqs)
+  if redis.call('ZREM', base .. 'lent', rid) == 1
+      and redis.call('DECRBY', base .. 'lent_seqs', tonumber(seqs) or 1) <= 0 then
+    redis.call('DEL', base .. 'lent_seqs')
+  end
+end
+
 local function reap()
   local expired = redis.call('ZRANGEBYSCORE', base .. 'inflight', '-inf', now)
   for _, rid in ipairs(expired) do
     local r = redis.call('HMGET', base .. 'req:' .. rid, 'replica', 'tenant', 'seqs')
     unload(r[1], r[3])
+    unlend(rid, r[3])
     deactivate(r[2])
     redis.call('ZREM', base .. 'inflight', rid)
     redis.call('DEL', base .. 'req:' .. rid)
@@ -185,6 +195,28 @@ local function backfill(band)
   return nil
 end
 
+-- Online demand takes lent room back at once: the request lent last is revoked (its slot is
+-- free from now on) and its process told to abort it on the engine ('!' .. rid on its grants
+-- list; the batch line goes back to pending). Returns whether there was one to revoke.
+local function reclaim()
+  local newest = redis.call('ZRANGE', base .. 'lent', -1, -1)
+  if #newest == 0 then return false end
+  local rid = newest[1]
+  local key = base .. 'req:' .. rid
+  local r = redis.call('HMGET', key, 'replica', 'tenant', 'seqs', 'proc')
+  unlend(rid, r[3])
+  unload(r[1], r[3])
+  deactivate(r[2])
+  redis.call('ZREM', base .. 'inflight', rid)
+  redis.call('DEL', key)
+  if r[4] then
+    redis.call('RPUSH', base .. 'grants:' .. r[4], '!' .. rid)
+    redis.call('PEXPIRE', base .. 'grants:' .. r[4], 120000)
+  end
+  redis.call('HINCRBY', base .. 'lending', 'reclaimed', 1)
+  return true
+end
+
 -- Admit while there is room. Grants go to the owning process's list, except self_rid's,
 -- whose replica is returned (the caller is waiting on this very script).
 local function dispatch(self_rid)
@@ -195,6 +227,8 @@ local function dispatch(self_rid)
     local rid, tenant, list, kind, band = n[1], n[2], n[3], n[4], n[5]
     local head = redis.call('HMGET', base .. 'req:' .. rid, 'prefix', 'adapter', 'seqs', 'since')
     local rep = pick_replica(head[1], head[2], head[3])
+    -- Lent room is the waiting request's before anything else (backfill included).
+    while not rep and reclaim() do rep = pick_replica(head[1], head[2], head[3]) end
     if not rep then
       -- The head wants more room than any replica has free. For a moment (BACKFILL) the
       -- next tenants' requests that fit may go past it; after that nobody does, so the

@@ -16,6 +16,7 @@ if rep then
   return rep
 end
 deactivate(r[3])
+unlend(rid, r[5])
 redis.call('ZREM', base .. 'inflight', rid)
 redis.call('DEL', key)
 dispatch(nil)
