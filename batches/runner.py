@@ -67,6 +67,7 @@ BATCH_LINES_KEY = "ip:metrics:batch_lines"
 RETRY_AFTER_SECONDS = 2.0  # a line that met a passing failure waits this long, then more
 LEND_PAUSE_SECONDS = 0.25  # after the online pool lent nothing, lines stop asking this long
 LEND_PAUSE_AFTER_FAILURE = 10.0  # after a lent line failed on its replica (the probe's period)
+LEND_LOSSES_MAX = 3  # a line that lost its lent room this often in a run asks no more
 # With a lending pool, at most this many of a run's lines wait for admission at a time.
 LEND_WAITING = 8
 PERMANENT = frozenset(range(400, 500)) - {408, 409, 429}
@@ -98,14 +99,22 @@ class Lending:
     """Whether a run's lines ask the online pool for room now."""
 
     pool: str
-    closed_until: float = 0.0
+    closed_until: float = 0.0  # no asking before this (the pool refused, or took room back)
+    failed_until: float = 0.0  # nor before this (a lending replica failed a line)
     # Set when a line is admitted: with few lines waiting at a time, the run claims the next
     # at once, not at its next look.
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     freed: int = 0  # lent lines ended since the run last claimed: room to claim lines for
+    lost: Counter[int] = dataclasses.field(default_factory=Counter)  # rooms lost, by line
 
-    def ask(self) -> str | None:
-        return self.pool if self.pool and time.monotonic() >= self.closed_until else None
+    def ask(self, pk: int) -> str | None:
+        """The pool to ask, if a line may ask now: not while paused, and not for a line
+        that lost its lent room ``LEND_LOSSES_MAX`` times (it runs on the spot pool: a
+        long line beside an online load that comes and goes would lose it forever)."""
+        now = time.monotonic()
+        if not self.pool or now < max(self.closed_until, self.failed_until):
+            return None
+        return self.pool if self.lost[pk] < LEND_LOSSES_MAX else None
 
     def admitted(self, asked: str | None, pool: str) -> None:
         if asked is not None and pool != asked:  # refused: none to lend now
@@ -113,11 +122,20 @@ class Lending:
         if self.pool:
             self.wake.set()
 
-    def ended(self, *, failed: bool) -> None:
-        """A lent line ended: its room may be lent again at once — unless the lending
-        replica failed it (dead, stuck): then not before the health probe can tell."""
-        self.closed_until = time.monotonic() + LEND_PAUSE_AFTER_FAILURE if failed else 0.0
-        self.freed += not failed
+    def ended(self, pk: int, *, status: int, code: str) -> None:
+        """A lent line ended. Its room may be lent again at once; not when an online
+        request took it (asking again at once would only find the pool busy), nor, for
+        ``LEND_PAUSE_AFTER_FAILURE``, when the lending replica failed the line (dead, stuck:
+        not before the health probe can tell)."""
+        now = time.monotonic()
+        if code == LENT_RECLAIMED:
+            self.lost[pk] += 1
+            self.closed_until = now + LEND_PAUSE_SECONDS
+        elif status >= 500:
+            self.failed_until = now + LEND_PAUSE_AFTER_FAILURE
+        else:
+            self.closed_until = 0.0
+            self.freed += 1
 
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -366,7 +384,7 @@ def _count_processed(outcomes: Counter[str]) -> None:
 async def _run_line(plan: Plan, line: Claimed, begun: set[int], lending: Lending) -> Answer:
     records: list[UsageRecord] = []
     # Without a spot pool a line runs only on lent room: it always asks (and comes back later).
-    asked = plan.lend if plan.lend and plan.pool == plan.lend else lending.ask()
+    asked = plan.lend if plan.lend and plan.pool == plan.lend else lending.ask(line.pk)
     lent = False
 
     def admitted(pool: str) -> None:
@@ -397,7 +415,7 @@ async def _run_line(plan: Plan, line: Claimed, begun: set[int], lending: Lending
             lend=asked,
         )
         if lent:
-            lending.ended(failed=status >= 500 and _error_code(body) != LENT_RECLAIMED)
+            lending.ended(line.pk, status=status, code=_error_code(body))
     main = records[0] if records else None
     # The body is not kept with the answer: answers wait to be stored in groups.
     ran = dataclasses.replace(line, body=b"")

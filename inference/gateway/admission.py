@@ -16,7 +16,7 @@ Per pool, under one hash tag (``ip:{p:<pool>}:``), with ``<b>`` a priority band 
   grants:<proc> list   admitted request ids for the web process that holds the connection
                        ("rid|replica"), or lent ones it lost ("!rid")
   lend          string the percent of the pool's capacity it lends batch lines (the catalog's)
-  lent          zset   request ids running on lent room, by when they were lent
+  lent          zset   request ids running on lent room, in the order lent (lent_serial)
   lent_seqs     string the sequences they run
   lending       hash   lent / reclaimed: how many requests were lent room, and lost it
 
@@ -244,7 +244,7 @@ class Admission:
         self.held[rid] = (pool, limit_keys, limit_member or rid)
         granted = False
         try:
-            result = await asyncio.shield(
+            lending = asyncio.ensure_future(
                 LEND(
                     keys=[pool_prefix(pool)],
                     args=self._args(
@@ -259,6 +259,11 @@ class Admission:
                     ),
                 )
             )
+            try:
+                result = await asyncio.shield(lending)
+            except asyncio.CancelledError:  # as ``admit``: a room lent meanwhile is given back
+                await asyncio.shield(self._undo_borrow(pool, rid, lending))
+                raise
             state, replica = result[0].decode(), result[1].decode()
             if state == "nocatalog":
                 raise CatalogMissing(pool)
@@ -269,6 +274,14 @@ class Admission:
                 self.held.pop(rid, None)
                 if self.reclaimed.get(rid) is event:
                     del self.reclaimed[rid]
+
+    async def _undo_borrow(self, pool: str, rid: str, lending: asyncio.Future[Any]) -> None:
+        try:
+            result = await lending
+        except (RedisError, asyncio.CancelledError):
+            return  # it did not run (or we cannot know: the lease reaper frees it)
+        if result[0].decode() == "granted":
+            await self.complete(pool=pool, rid=rid, adjustment=0)
 
     async def _undo_enqueue(
         self, pool: str, rid: str, enqueue: asyncio.Future[Any], future: asyncio.Future[str]

@@ -485,7 +485,10 @@ async def _until_reclaimed(life: Lifecycle, reclaimed: asyncio.Event) -> tuple[i
             if not answering.done():
                 answering.cancel()
                 await asyncio.gather(answering, return_exceptions=True)
-        if not answering.cancelled():
+        # Taken back, or failed because it was (its replica failed over as the room was
+        # taken: the request was gone from admission): a lost room, not the line's failure.
+        lost = answering.cancelled() or (reclaimed.is_set() and answering.exception() is not None)
+        if not lost:
             return answering.result()  # it finished first: kept
         call = life.call
         call.reclaimed = True

@@ -61,8 +61,9 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
     )
     tokens = call.counts.prompt + call.counts.completion
     cost = _cost(call)
-    if call.reclaimed:
+    if call.reclaimed:  # nothing of it counts (it runs again, and counts then)
         tokens = cost = 0
+        call.beside = (0, 0)
     metrics.request_settled(
         record,
         tenant_slug=call.key.tenant_slug,

@@ -711,3 +711,20 @@ async def test_an_online_request_takes_lent_room_back_at_once() -> None:
     await adm.complete(pool=POOL, rid="online", adjustment=0)
     assert await client.hget(BASE + "rload", "r1") == b"0"
     assert queue_state(POOL).lent == 0
+
+
+async def test_lent_room_is_taken_back_only_when_that_makes_room() -> None:
+    """A waiting request that would not fit even with the lent room back aborts nothing; once
+    it would, the lent request goes."""
+    await _pool({"r1": 2})
+    await _lends(100)
+    adm = Admission()
+    assert await _borrow(adm, "lent") == "r1"
+    assert await _admit(adm, "online", tenant=1) == "r1"
+    big = asyncio.create_task(_admit(adm, "big", tenant=2, sequences=2))
+    await _queued("big")
+    assert not adm.reclaimed["lent"].is_set()  # 2 sequences would not fit beside "online"
+    await adm.complete(pool=POOL, rid="online", adjustment=0)
+    assert await big == "r1"
+    assert adm.reclaimed["lent"].is_set()
+    assert await redis_async().hget(BASE + "rload", "r1") == b"2"

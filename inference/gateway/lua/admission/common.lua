@@ -18,7 +18,8 @@ local function deactivate(tenant)
 end
 
 -- Lent room (a batch line on an online pool's idle capacity, lend.lua): ``lent`` zset of
--- request ids by when they were lent, ``lent_seqs`` the sequences they run.
+-- request ids in the order they were lent (``lent_serial``), ``lent_seqs`` the sequences
+-- they run.
 local function unlend(rid, seqs)
   if redis.call('ZREM', base .. 'lent', rid) == 1
       and redis.call('DECRBY', base .. 'lent_seqs', tonumber(seqs) or 1) <= 0 then
@@ -195,13 +196,9 @@ local function backfill(band)
   return nil
 end
 
--- Online demand takes lent room back at once: the request lent last is revoked (its slot is
--- free from now on) and its process told to abort it on the engine ('!' .. rid on its grants
--- list; the batch line goes back to pending). Returns whether there was one to revoke.
-local function reclaim()
-  local newest = redis.call('ZRANGE', base .. 'lent', -1, -1)
-  if #newest == 0 then return false end
-  local rid = newest[1]
+-- Revoke a lent request: its slot is free from now on, and its process is told to abort it on
+-- the engine ('!' .. rid on its grants list; the batch line goes back to pending).
+local function revoke(rid)
   local key = base .. 'req:' .. rid
   local r = redis.call('HMGET', key, 'replica', 'tenant', 'seqs', 'proc')
   unlend(rid, r[3])
@@ -214,7 +211,46 @@ local function reclaim()
     redis.call('PEXPIRE', base .. 'grants:' .. r[4], 120000)
   end
   redis.call('HINCRBY', base .. 'lending', 'reclaimed', 1)
-  return true
+end
+
+-- Online demand takes lent room back at once, for a waiting request of ``seqs`` sequences
+-- that finds none: the newest lent request whose replica then has room for it; else the
+-- newest on a replica where all its lent room together would make enough (the next call
+-- takes the rest). None when even that would not do: nothing is aborted for nothing.
+-- Returns whether one was revoked.
+local function reclaim(seqs)
+  local lent = redis.call('ZREVRANGE', base .. 'lent', 0, -1)
+  if #lent == 0 then return false end
+  seqs = tonumber(seqs) or 1
+  local reps = redis.call('HGETALL', base .. 'replicas')
+  local cap, ids = {}, {}
+  for i = 1, #reps, 2 do
+    cap[reps[i]] = tonumber(reps[i + 1])
+    ids[#ids + 1] = reps[i]
+  end
+  local load = {}
+  local loads = redis.call('HMGET', base .. 'rload', unpack(ids))
+  for i, id in ipairs(ids) do load[id] = tonumber(loads[i] or '0') end
+  local lent_on, newest_on = {}, {}
+  for _, rid in ipairs(lent) do
+    local r = redis.call('HMGET', base .. 'req:' .. rid, 'replica', 'seqs')
+    local rep, n = r[1], tonumber(r[2]) or 1
+    if rep and cap[rep] then
+      if load[rep] - n + seqs <= cap[rep] then
+        revoke(rid)
+        return true
+      end
+      lent_on[rep] = (lent_on[rep] or 0) + n
+      newest_on[rep] = newest_on[rep] or rid
+    end
+  end
+  for rep, n in pairs(lent_on) do
+    if load[rep] - n + seqs <= cap[rep] then
+      revoke(newest_on[rep])
+      return true
+    end
+  end
+  return false
 end
 
 -- Admit while there is room. Grants go to the owning process's list, except self_rid's,
@@ -228,7 +264,7 @@ local function dispatch(self_rid)
     local head = redis.call('HMGET', base .. 'req:' .. rid, 'prefix', 'adapter', 'seqs', 'since')
     local rep = pick_replica(head[1], head[2], head[3])
     -- Lent room is the waiting request's before anything else (backfill included).
-    while not rep and reclaim() do rep = pick_replica(head[1], head[2], head[3]) end
+    while not rep and reclaim(head[3]) do rep = pick_replica(head[1], head[2], head[3]) end
     if not rep then
       -- The head wants more room than any replica has free. For a moment (BACKFILL) the
       -- next tenants' requests that fit may go past it; after that nobody does, so the

@@ -3,7 +3,7 @@ local key = base .. 'req:' .. ARGV[3]
 local r = redis.call('HMGET', key, 'tenant', 'weight', 'state', 'replica', 'seqs', 'band', 'lent')
 if r[3] == 'granted' then
   local band = band_of(r[6])
-  charge(r[1], band, tonumber(r[2]), tonumber(ARGV[4]))
+  if r[7] ~= '1' then charge(r[1], band, tonumber(r[2]), tonumber(ARGV[4])) end
   redis.call('ZREM', base .. 'inflight', ARGV[3])
   redis.call('DEL', key)
   unlend(ARGV[3], r[5])

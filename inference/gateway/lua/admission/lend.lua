@@ -2,7 +2,9 @@
 -- the lowest band, or refused at once ({'no', why}) — it never queues here. Room is lent only
 -- while the pool lends (``lend``: the percent of its capacity it may lend, set by the catalog),
 -- nothing waits in any band, the lent sequences stay within that share, and a replica has
--- room. ``reclaim`` (common.lua) takes it back when an online request needs it.
+-- room. ``reclaim`` (common.lua) takes it back when an online request needs it. Lent work is
+-- not charged to the tenant's fairness counter here (it took room nobody wanted): its own
+-- online requests on this pool are not put behind others' for its batch.
 -- ARGV: lease slack rid tenant weight est proc prefix adapter seqs
 reap()
 if redis.call('EXISTS', base .. 'replicas') == 0 then return {'nocatalog', ''} end
@@ -25,11 +27,11 @@ redis.call('HSET', key, 'tenant', tenant, 'weight', weight, 'est', est, 'proc', 
   'prefix', prefix, 'adapter', adapter, 'seqs', seqs, 'state', 'granted', 'replica', rep,
   'band', band, 'lent', 1, 'deadline', now, 'since', now)
 redis.call('PEXPIRE', key, 3600000)
-redis.call('HINCRBYFLOAT', counters_key(band), tenant, tonumber(est) / tonumber(weight))
 redis.call('HINCRBY', base .. 'rload', rep, seqs)
 redis.call('HINCRBY', base .. 'active', tenant, 1)
 redis.call('ZADD', base .. 'inflight', now + LEASE, rid)
-redis.call('ZADD', base .. 'lent', now, rid)
+-- In the order lent (two in the same millisecond too): the newest is taken back first.
+redis.call('ZADD', base .. 'lent', redis.call('INCR', base .. 'lent_serial'), rid)
 redis.call('INCRBY', base .. 'lent_seqs', seqs)
 redis.call('HINCRBY', base .. 'lending', 'lent', 1)
 return {'granted', rep}
