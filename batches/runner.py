@@ -19,11 +19,10 @@ What a line's answer means for it:
   that no replica can finish in time, does not hold its batch open until it expires.
 
 A model's online pool that lends idle room (``Pool.lend_percent``) takes lines too: each line
-asks it first (``prepare``'s ``lend``), at once, and runs on the batch's spot pool when it has
-none; a line whose lent room an online request took back (``lent_capacity_reclaimed``) goes
-back to pending at once, not counted as a failure (it is billed once, when it is answered).
-After a refusal, lines stop asking for ``LEND_PAUSE_SECONDS`` unless a lent line finished
-(room freed) meanwhile.
+asks it first (``prepare``'s ``lend``), at once, and waits in the batch's spot pool's queue
+when it has none, leaving the queue for lent room that comes first; a line whose lent room an
+online request took back (``lent_capacity_reclaimed``) goes back to pending at once, not
+counted as a failure (it is billed once, when it is answered).
 """
 
 from __future__ import annotations
@@ -56,8 +55,8 @@ from controlplane.redis import redis_sync
 from inference.catalog import catalog_read
 from inference.gateway.auth import KeyInfo, key_info_from_db
 from inference.gateway.db import run_db
-from inference.gateway.errors import invalid_api_key
-from inference.gateway.lifecycle import LENT_RECLAIMED, run_whole
+from inference.gateway.errors import LENT_RECLAIMED, invalid_api_key
+from inference.gateway.lifecycle import run_whole
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +64,10 @@ log = logging.getLogger(__name__)
 BATCH_LINES_KEY = "ip:metrics:batch_lines"
 
 RETRY_AFTER_SECONDS = 2.0  # a line that met a passing failure waits this long, then more
-LEND_PAUSE_SECONDS = 0.25  # after the online pool lent nothing, lines stop asking this long
 LEND_PAUSE_AFTER_FAILURE = 10.0  # after a lent line failed on its replica (the probe's period)
 LEND_LOSSES_MAX = 3  # a line that lost its lent room this often in a run asks no more
-# With a lending pool, at most this many of a run's lines wait for admission at a time.
+# With a lending pool, at most this many of a run's lines wait for admission at a time (each
+# asks the lending pool for room while it waits).
 LEND_WAITING = 8
 PERMANENT = frozenset(range(400, 500)) - {408, 409, 429}
 CANCELLED = error_body("batch_cancelled")
@@ -99,8 +98,7 @@ class Lending:
     """Whether a run's lines ask the online pool for room now."""
 
     pool: str
-    closed_until: float = 0.0  # no asking before this (the pool refused, or took room back)
-    failed_until: float = 0.0  # nor before this (a lending replica failed a line)
+    failed_until: float = 0.0  # no asking before this (a lending replica failed a line)
     # Set when a line is admitted: with few lines waiting at a time, the run claims the next
     # at once, not at its next look.
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
@@ -108,33 +106,31 @@ class Lending:
     lost: Counter[int] = dataclasses.field(default_factory=Counter)  # rooms lost, by line
 
     def ask(self, pk: int) -> str | None:
-        """The pool to ask, if a line may ask now: not while paused, and not for a line
-        that lost its lent room ``LEND_LOSSES_MAX`` times (it runs on the spot pool: a
-        long line beside an online load that comes and goes would lose it forever)."""
-        now = time.monotonic()
-        if not self.pool or now < max(self.closed_until, self.failed_until):
+        """The pool a line asks (at once, then while it waits in its own pool's queue):
+        none for ``LEND_PAUSE_AFTER_FAILURE`` after a lending replica failed a line (dead,
+        stuck: not before the health probe can tell), nor for a line that lost its lent room
+        ``LEND_LOSSES_MAX`` times (it runs on the spot pool: a long line beside an online
+        load that comes and goes would lose it forever)."""
+        if not self.pool or not self.open():
             return None
         return self.pool if self.lost[pk] < LEND_LOSSES_MAX else None
 
-    def admitted(self, asked: str | None, pool: str) -> None:
-        if asked is not None and pool != asked:  # refused: none to lend now
-            self.closed_until = time.monotonic() + LEND_PAUSE_SECONDS
+    def open(self) -> bool:
+        """Whether a line already waiting in its own pool's queue may still ask."""
+        return time.monotonic() >= self.failed_until
+
+    def admitted(self) -> None:
         if self.pool:
             self.wake.set()
 
     def ended(self, pk: int, *, status: int, code: str) -> None:
-        """A lent line ended. Its room may be lent again at once; not when an online
-        request took it (asking again at once would only find the pool busy), nor, for
-        ``LEND_PAUSE_AFTER_FAILURE``, when the lending replica failed the line (dead, stuck:
-        not before the health probe can tell)."""
-        now = time.monotonic()
+        """A lent line ended: its room may be lent again at once (``freed``), unless an
+        online request took it or the lending replica failed the line."""
         if code == LENT_RECLAIMED:
             self.lost[pk] += 1
-            self.closed_until = now + LEND_PAUSE_SECONDS
         elif status >= 500:
-            self.failed_until = now + LEND_PAUSE_AFTER_FAILURE
+            self.failed_until = time.monotonic() + LEND_PAUSE_AFTER_FAILURE
         else:
-            self.closed_until = 0.0
             self.freed += 1
 
 
@@ -311,12 +307,21 @@ def _store_many(token: str, answers: list[Answer]) -> int:
             kept += 1
             continue
         pause = RETRY_AFTER_SECONDS * min(answer.line.attempts, 30)
-        kept += mine.update(
+        back = mine.update(
             state=Line.State.PENDING,
             owner="",
             lease_until=timezone.now() + timedelta(seconds=pause),
             failures=F("failures") + int(answer.begun),
         )
+        if back and answer.begun:  # the operator's line per failure on an engine (not kept)
+            log.warning(
+                "batch line %s failed on an engine (%s %s); pending again in %.0f s",
+                answer.line.pk,
+                answer.status,
+                _error_text(answer.body),
+                pause,
+            )
+        kept += back
     if not final:
         return kept
     outcomes: Counter[str] = Counter()
@@ -358,6 +363,16 @@ def _error_code(body: dict[str, Any]) -> str:
     return str(error.get("code") or "") if isinstance(error, dict) else ""
 
 
+def _error_text(body: dict[str, Any]) -> str:
+    """An error's code and the start of its message (ours or the engine's: no prompt text)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return ""
+    return (
+        f"{error.get('code') or error.get('type') or ''}: {str(error.get('message') or '')[:200]}"
+    )
+
+
 def _records(answer: Answer) -> list[UsageRecord]:
     """What an answer bills: its record, then its guard's (none without a record)."""
     return [answer.record, *answer.extra] if answer.record is not None else []
@@ -390,7 +405,7 @@ async def _run_line(plan: Plan, line: Claimed, begun: set[int], lending: Lending
     def admitted(pool: str) -> None:
         nonlocal lent
         begun.add(line.pk)
-        lending.admitted(asked, pool)
+        lending.admitted()
         lent = asked is not None and pool == asked
 
     if (
@@ -413,6 +428,7 @@ async def _run_line(plan: Plan, line: Claimed, begun: set[int], lending: Lending
             ledger=records.append,
             admitted=admitted,
             lend=asked,
+            lend_open=lending.open,
         )
         if lent:
             lending.ended(line.pk, status=status, code=_error_code(body))
@@ -468,11 +484,10 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
         free, left = width - len(running), room - sum(sizes.values())
         wanted = free >= chunk
         if plan.lend:
-            # Few lines wait in the spot pool's queue: a waiting line cannot move to room the
-            # online pool lends later, a line claimed later asks it first. Lines admitted
-            # anywhere do not count: the spot pool stays full.
-            # A lent line that ended left room there: a line claimed now takes it (the
-            # waiting bound would otherwise leave it idle until a spot line starts).
+            # Few lines wait in the spot pool's queue: each asks the online pool for room
+            # every half second while it waits (``prepare``), a few asks are enough. Lines
+            # admitted anywhere do not count: the spot pool stays full.
+            # A lent line that ended left room there: a line claimed now takes it at once.
             waiting = sum(1 for pk in running.values() if pk not in begun)
             free = min(free, LEND_WAITING - waiting + lending.freed)
             lending.freed = 0

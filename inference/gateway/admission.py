@@ -42,7 +42,8 @@ process expire and are reaped.
 
 An online pool may lend its idle room to batch lines (``borrow``, ``lend.lua``): granted at
 once in the lowest band while nothing waits in any band and the lent sequences stay within the
-pool's share, else refused at once (the line runs on its spot pool). A request that finds no
+pool's share, else refused at once (the line waits in its spot pool's queue, asking
+``lendable`` meanwhile). A request that finds no
 room takes lent room back first (``reclaim``): the newest lent request's slot is freed in the
 same script and its process told, which aborts it on the engine.
 """
@@ -95,8 +96,9 @@ _CONSTANTS = {
 # ARGV: lease slack rid tenant weight est proc prefix wait_ms adapter seqs band
 ENQUEUE = Script("admission", "enqueue", constants=_CONSTANTS)
 
-# ARGV: lease slack rid tenant weight est proc prefix adapter seqs
-#   -> {'granted', replica} | {'no', why} | {'nocatalog', ''}: room lent at once, or none
+# ARGV: lease slack rid tenant weight est proc prefix adapter seqs [probe]
+#   -> {'granted', replica} | {'no', why} | {'nocatalog', ''}: room lent at once, or none;
+#      with probe '1', {'room', replica} instead of a grant (nothing lent: ``lendable``)
 LEND = Script("admission", "lend", constants=_CONSTANTS)
 
 # ARGV: lease slack  ->  held slots left (expired holds are released, waiters admitted)
@@ -113,7 +115,8 @@ CANCEL = Script("admission", "cancel", constants=_CONSTANTS)
 
 # ARGV: lease slack rid failed_replica
 #   -> another replica id; the same id (it is the only one left: retry it, the health probe
-#      decides whether it is down); or '' (no room anywhere: the slot is released)
+#      decides whether it is down); '' (no room anywhere: the slot is released); or '-' (the
+#      request holds no slot any more: its lent room was taken back, or its lease ran out)
 REROUTE = Script("admission", "reroute", constants=_CONSTANTS)
 
 # ARGV: lease slack replica  ->  1 if it left the rotation (the pool's last one stays: the
@@ -210,7 +213,11 @@ class Admission:
                 await asyncio.shield(self._leave(pool, rid, future))
                 raise
             except TimeoutError:
-                replica = await self._withdraw(pool, rid, future)
+                try:  # a cancel now (a line leaving for lent room) must not drop a grant
+                    replica = await asyncio.shield(self._withdraw(pool, rid, future))
+                except asyncio.CancelledError:
+                    await asyncio.shield(self._leave(pool, rid, future))
+                    raise
                 if not replica:
                     raise overloaded(max(1, int(wait_seconds / 4)), kind="queue_timeout") from None
             granted = True
@@ -275,6 +282,18 @@ class Admission:
                 if self.reclaimed.get(rid) is event:
                     del self.reclaimed[rid]
 
+    async def lendable(
+        self, *, pool: str, prefix: str, adapter: str = "", sequences: int = 1
+    ) -> bool:
+        """Whether ``pool`` would lend room now (``borrow`` would be granted); lends none.
+        A batch line waiting in its own pool's queue asks this before it leaves the queue
+        for lent room: the two never hold the same request at once."""
+        result = await LEND(
+            keys=[pool_prefix(pool)],
+            args=self._args("", 0, 0, 0, self.proc, prefix, adapter, sequences, 1),
+        )
+        return bool(result[0].decode() == "room")
+
     async def _undo_borrow(self, pool: str, rid: str, lending: asyncio.Future[Any]) -> None:
         try:
             result = await lending
@@ -328,13 +347,15 @@ class Admission:
         self.reclaimed.pop(rid, None)
         pipe.script(COMPLETE, [pool_prefix(pool)], self._args(rid, adjustment))
 
-    async def reroute(self, *, pool: str, rid: str, failed: str) -> str:
-        """The replica failed before answering: take it out of rotation, try another."""
+    async def reroute(self, *, pool: str, rid: str, failed: str) -> str | None:
+        """The replica failed before answering: take it out of rotation, try another. ""
+        when none can take it; None when the request holds no room here any more (its lent
+        room was taken back meanwhile, or its lease ran out)."""
         result = await REROUTE(keys=[pool_prefix(pool)], args=self._args(rid, failed))
         replica = result.decode() if isinstance(result, bytes) else str(result)
-        if not replica:
+        if replica in ("", "-"):
             self.held.pop(rid, None)
-        return replica
+        return None if replica == "-" else replica
 
     async def suspect(self, *, pool: str, replica: str) -> bool:
         """A replica went silent mid-stream: no new requests go there until a probe (whose

@@ -100,6 +100,20 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
+# The error code of a lent call whose room an online request took back (``run_whole``).
+LENT_RECLAIMED = "lent_capacity_reclaimed"
+
+
+def lent_reclaimed() -> ApiError:
+    """A batch line's lent room taken back: it runs again (nothing of it is billed)."""
+    return ApiError(
+        503,
+        "The online pool took back the idle room this batch line borrowed; it runs again.",
+        type="server_error",
+        code=LENT_RECLAIMED,
+    )
+
+
 def overloaded(
     retry_after: int, message: str | None = None, *, kind: str | None = None
 ) -> ApiError:

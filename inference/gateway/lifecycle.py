@@ -40,7 +40,7 @@ from inference.gateway import cache, responses
 from inference.gateway.admission import admission
 from inference.gateway.auth import KeyInfo
 from inference.gateway.call import Call, MidStreamError, State
-from inference.gateway.errors import ApiError, overloaded
+from inference.gateway.errors import ApiError, lent_reclaimed, overloaded
 from inference.gateway.prepare import Screen, prepare
 from inference.gateway.relay import Relay
 from inference.gateway.schema import PREFILL_ONLY, ParsedRequest
@@ -54,9 +54,6 @@ from inference.gateway.seams import (
     input_refused,
 )
 from inference.gateway.settle import finish
-
-# The error code of a lent call whose room an online request took back (``run_whole``).
-LENT_RECLAIMED = "lent_capacity_reclaimed"
 
 
 class ClientGone(Exception):
@@ -102,6 +99,7 @@ class Lifecycle:
         surface: str = "",
         asked: cache.Directives | None = None,
         lend: str | None = None,
+        lend_open: Callable[[], bool] | None = None,
     ) -> Lifecycle:
         """``pool``: the pool to run on (by name) instead of the model's online pool;
         ``mode`` and ``ledger``: how the call is billed and where its record goes;
@@ -110,8 +108,9 @@ class Lifecycle:
         transport gave the request already (``controlplane.logs``), else a new one;
         ``surface``: the public endpoint when it is not ``endpoint`` (``/v1/responses`` runs
         as a chat completion), for the ledger and the metrics; ``asked``: what the request's
-        headers ask of the tenant's response cache; ``lend``: an online pool that may lend
-        the call idle room (``prepare``)."""
+        headers ask of the tenant's response cache; ``lend`` and ``lend_open``: an online
+        pool that may lend the call idle room, and whether it may still be asked
+        (``prepare``)."""
         if whole and (output_filter is not None or input_check is not None):
             raise ValueError("a filter or check that can stop the answer needs its stream")
         # The tenant's moderation, unless the caller brought seams of its own.
@@ -157,6 +156,7 @@ class Lifecycle:
             asked=asked,
             embed=lambda model, text: _embed(key, model, text),
             lend=lend,
+            lend_open=lend_open,
         )
         life = cls(call, output_filter=output_filter, input_check=input_check, tokens=tokens)
         if not guards:
@@ -419,6 +419,7 @@ async def run_whole(
     admitted: Callable[[str], None] | None = None,
     asked: cache.Directives | None = None,
     lend: str | None = None,
+    lend_open: Callable[[], bool] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """One request run to completion without an HTTP request (a batch line in a Celery
     worker: ``async_to_sync(run_whole)(...)``, or many at once in one ``asyncio.run``):
@@ -430,7 +431,8 @@ async def run_whole(
     told the pool it was admitted to; ``lend``: an online pool that may lend it idle room
     (``prepare``), which it gives back when online requests need it: the engine's work is
     aborted and the answer is the 503 ``lent_capacity_reclaimed`` (nothing billed: the
-    caller drops its record and runs it again)."""
+    caller drops its record and runs it again); ``lend_open``: whether it may still ask
+    for lent room while it waits for ``pool``."""
     try:
         life = await Lifecycle.begin(
             key=key,
@@ -446,6 +448,7 @@ async def run_whole(
             whole=output_filter is None and input_check is None,
             asked=asked,
             lend=lend,
+            lend_open=lend_open,
         )
         if admitted is not None:  # past limits and admission: a replica is ours now
             admitted(life.call.route.pool)
@@ -487,16 +490,15 @@ async def _until_reclaimed(life: Lifecycle, reclaimed: asyncio.Event) -> tuple[i
                 await asyncio.gather(answering, return_exceptions=True)
         # Taken back, or failed because it was (its replica failed over as the room was
         # taken: the request was gone from admission): a lost room, not the line's failure.
-        lost = answering.cancelled() or (reclaimed.is_set() and answering.exception() is not None)
+        lost = (
+            answering.cancelled()
+            or life.call.reclaimed
+            or (reclaimed.is_set() and answering.exception() is not None)
+        )
         if not lost:
             return answering.result()  # it finished first: kept
         call = life.call
         call.reclaimed = True
         if call.state.live:
             call.fail("its lent room was taken back", outcome=State.CUT_OFF)
-        raise ApiError(
-            503,
-            "The online pool took back the idle room this batch line borrowed; it runs again.",
-            type="server_error",
-            code=LENT_RECLAIMED,
-        )
+        raise lent_reclaimed()

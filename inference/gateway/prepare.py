@@ -24,7 +24,7 @@ from contract import (
     price_in_force,
 )
 from controlplane.logs import request_id_new, request_id_var
-from inference.gateway import cache, limits, metrics
+from inference.gateway import cache, lending, limits, metrics
 from inference.gateway.admission import BANDS, DEFAULT_BAND, CatalogMissing, admission
 from inference.gateway.auth import KeyInfo
 from inference.gateway.call import Adapter, Call, Route, State
@@ -45,7 +45,6 @@ from tenants.priority import band
 log = logging.getLogger(__name__)
 
 DEFAULT_COMPLETION_ESTIMATE = 256  # tokens assumed when max_tokens is not given
-BORROW_EVERY = 0.5  # how often a batch line with only lent room to run on asks for it
 
 
 # How the semantic cache embeds a request's text: (the embedding model, the text) -> its
@@ -132,6 +131,7 @@ async def prepare(
     asked: cache.Directives | None = None,
     embed: Embed | None = None,
     lend: str | None = None,
+    lend_open: Callable[[], bool] | None = None,
 ) -> Call:
     """Everything before the engine, for a request whose key was authenticated; on the
     model's online pool, or on ``pool`` (by name) when given. ``mode``, ``ledger`` and
@@ -142,7 +142,8 @@ async def prepare(
     ``lend``: an online pool that lends idle room (a batch line's model's): the call runs
     there if it lends room now (``Admission.borrow``), else on ``pool`` — or, when ``pool``
     is that pool itself (no spot pool), once it lends room, within the pool's queue wait
-    (a 503 after it).
+    (a 503 after it). A call waiting in ``pool``'s queue takes room ``lend`` has first
+    (``lending.queue_or_borrow``), while ``lend_open`` says it may still ask.
 
     ``screen`` runs once the limits are taken (a refused request still counts toward the
     key's request rate) and before admission: what it refuses never waits for a replica.
@@ -230,18 +231,51 @@ async def prepare(
         if refusal is None and not (ticket is not None and ticket.hit):
             prefix = salted_prefix(salt, parsed.prefix_hash)
             if lender is not None and lend is not None:
-                replica = await _borrow(lend, rid, key, parsed, grant, adapter, prefix)
+                lender_name = lend
+
+                def borrow() -> Awaitable[str]:
+                    return lending.borrow(lender_name, rid, key, parsed, grant, adapter, prefix)
+
+                replica = await borrow()
                 # With no spot pool to go to, it waits for lent room as long as the pool
                 # lets a request wait for admission (asking again every BORROW_EVERY).
                 deadline = time.monotonic() + lender.max_queue_wait_seconds
                 while not replica and lend == pool_name and time.monotonic() < deadline:
-                    await asyncio.sleep(BORROW_EVERY)
-                    replica = await _borrow(lend, rid, key, parsed, grant, adapter, prefix)
-                if replica:
-                    pool_name, pool_info, lent = lend, lender, True
-                elif lend == pool_name:
+                    await asyncio.sleep(lending.BORROW_EVERY)
+                    replica = await borrow()
+                if not replica and lend == pool_name:
                     raise overloaded(2, f"Pool `{lend}` had no room to lend.")
-            if not replica:
+                lent = bool(replica)
+                if not replica:  # its own pool's queue, unless the lender has room first
+                    own, own_info = pool_name, pool_info
+                    deadline = time.monotonic() + own_info.max_queue_wait_seconds
+
+                    def give_back() -> Awaitable[None]:
+                        return admission().complete(pool=own, rid=rid, adjustment=0)
+
+                    replica, lent = await lending.queue_or_borrow(
+                        lambda: _admit(
+                            view,
+                            own,
+                            own_info,
+                            rid,
+                            key,
+                            parsed,
+                            grant,
+                            adapter,
+                            prefix,
+                            priority,
+                            wait=max(1.0, deadline - time.monotonic()),
+                        ),
+                        borrow,
+                        lambda: lending.lendable(lender_name, parsed, adapter, prefix),
+                        give_back,
+                        deadline=deadline,
+                        may_ask=lend_open or (lambda: True),
+                    )
+                if lent:
+                    pool_name, pool_info = lend, lender
+            else:
                 replica = await _admit(
                     view, pool_name, pool_info, rid, key, parsed, grant, adapter, prefix, priority
                 )
@@ -336,10 +370,11 @@ async def _admit(
     adapter: Adapter | None,
     prefix: str,
     priority: str,
+    wait: float | None = None,
 ) -> str:
     """Admitted to a replica of the pool, in the band of its ``priority`` class; ``prefix``:
     the request's salted prefix hash, for prefix-affine routing within the tenant's own cache
-    partition."""
+    partition. It waits ``wait`` seconds at most (the pool's queue wait by default)."""
     for attempt in range(2):
         try:
             return await admission().admit(
@@ -349,7 +384,7 @@ async def _admit(
                 weight=key.weight,
                 prompt_estimate=parsed.prompt_estimate,
                 prefix=prefix,
-                wait_seconds=pool.max_queue_wait_seconds,
+                wait_seconds=pool.max_queue_wait_seconds if wait is None else wait,
                 limit_keys=grant.conc_keys,
                 limit_member=grant.member,
                 adapter=adapter.engine_name if adapter else "",
@@ -364,35 +399,6 @@ async def _admit(
             log.warning("admission unavailable", exc_info=True)
             break
     raise overloaded(2, "Admission is unavailable for a moment. Retry shortly.")
-
-
-async def _borrow(
-    pool: str,
-    rid: str,
-    key: KeyInfo,
-    parsed: ParsedRequest,
-    grant: limits.Grant,
-    adapter: Adapter | None,
-    prefix: str,
-) -> str:
-    """Room ``pool`` lends now (a replica), or "" (none, or admission unreachable: the
-    line runs on its own pool instead)."""
-    try:
-        return await admission().borrow(
-            pool=pool,
-            rid=rid,
-            tenant=key.tenant_id,
-            weight=key.weight,
-            prompt_estimate=parsed.prompt_estimate,
-            prefix=prefix,
-            limit_keys=grant.conc_keys,
-            limit_member=grant.member,
-            adapter=adapter.engine_name if adapter else "",
-            sequences=parsed.sequences,
-        )
-    except (CatalogMissing, RedisError):
-        log.warning("could not borrow room on %s", pool, exc_info=True)
-        return ""
 
 
 async def _look_up(ticket: cache.Ticket) -> None:

@@ -18,8 +18,8 @@ from redis.exceptions import RedisError
 from inference.engine_auth import engine_auth_headers
 from inference.gateway import lora, metrics
 from inference.gateway.admission import admission
-from inference.gateway.call import Call, MidStreamError
-from inference.gateway.errors import overloaded
+from inference.gateway.call import Call, MidStreamError, State
+from inference.gateway.errors import lent_reclaimed, overloaded
 from inference.gateway.responses import clean
 from inference.gateway.upstream import (
     ABORT_PATH,
@@ -236,6 +236,13 @@ class Relay:
             )
         except RedisError:
             replica = ""
+        if replica is None and call.route.lent:
+            # Its lent room was taken back as it failed: a lost room, not the line's failure
+            # (``run_whole`` may not have heard of the reclaim yet).
+            call.reclaimed = True
+            call.fail("its lent room was taken back", outcome=State.CUT_OFF)
+            call.route.replica = ""
+            raise lent_reclaimed()
         if not replica:
             call.fail(call.error)
             call.route.replica = ""

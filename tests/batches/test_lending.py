@@ -43,9 +43,17 @@ def lender() -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def lending_stack(serving_db_url: str) -> Iterator[Stack]:
-    # Probes every 2 s: a killed lending engine is seen down soon.
+    # Probes every 2 s: a killed lending engine is seen down soon (its port refuses at once).
+    # A slow answer is not taken for a dead engine: on a machine shared with the rest of the
+    # suite, an engine busy with long lines can take over the default 3 s to answer a probe,
+    # and a replica marked down fails its lines (this module asserts no line fails).
     stack = stack_start(
-        serving_db_url, name="lending", extra_env={"INFERPLANE_PROBE_INTERVAL_SECONDS": "2"}
+        serving_db_url,
+        name="lending",
+        extra_env={
+            "INFERPLANE_PROBE_INTERVAL_SECONDS": "2",
+            "INFERPLANE_PROBE_TIMEOUT_SECONDS": "15",
+        },
     )
     yield stack
     stack.stop()
@@ -126,13 +134,16 @@ def test_an_idle_online_pool_lends_room_and_each_line_is_billed_once_at_the_batc
 
 
 def test_online_requests_take_lent_room_back_at_once_and_the_batch_still_completes(
-    lending: World, engine: Engine
+    lending: World,
 ) -> None:
     """An online load that comes and goes: each time the pool is full of lent lines, online
     requests are admitted by taking their room back (the lines are aborted and run again
     later). The lines lose their room over and over, and still: each answered once, billed
     once, never counted as a failure."""
-    _rows(lending.engines[0], engine, online=2, spot=1)
+    # Both pools on the lender's engine: two engines busy at once on a 2-core machine stall
+    # each other for seconds (their threads take turns on the same cores), and what this
+    # test watches is admission, not the engines' speed.
+    _rows(lending.engines[0], lending.engines[0], online=2, spot=1)
     redis = redis_lib.Redis.from_url(lending.stack.env["REDIS_URL"])
     lending_key = pool_prefix("online") + "lending"
     tenant, key = lending.tenant()

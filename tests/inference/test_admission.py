@@ -4,13 +4,17 @@ driven by simulated tenants (no engine: service is instant, so only admission de
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import Counter
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
 from inference.catalog import pool_prefix
 from inference.gateway import admission as admission_module
+from inference.gateway import lending
 from inference.gateway.admission import (
     DEFAULT_BAND,
     SHARE,
@@ -664,10 +668,14 @@ async def test_a_pool_lends_only_its_share_and_only_while_it_lends() -> None:
     await _pool({"r1": 4, "r2": 4})
     adm = Admission()
     assert await _borrow(adm, "none") == ""  # a pool lends nothing unless told to
+    assert not await adm.lendable(pool=POOL, prefix="")
     await _lends(50)
+    # Asking whether it would lend lends nothing (a line waiting elsewhere asks this first).
+    assert await adm.lendable(pool=POOL, prefix="") and queue_state(POOL).lent == 0
     got = [await _borrow(adm, f"b{i}") for i in range(5)]
     assert all(got[:4]) and got[4] == ""  # half of 8 sequences, no more
     assert queue_state(POOL).lent == 4
+    assert not await adm.lendable(pool=POOL, prefix="")
     await adm.complete(pool=POOL, rid="b0", adjustment=0)
     assert queue_state(POOL).lent == 3
     assert await _borrow(adm, "b5")  # the room given back may be lent again
@@ -703,6 +711,10 @@ async def test_an_online_request_takes_lent_room_back_at_once() -> None:
     client = redis_async()
     assert await client.hget(BASE + "rload", "r1") == b"2"  # old + online
     assert queue_state(POOL).lent == 1
+    # Its replica failing as the room went (a failover racing the reclaim) takes nothing
+    # either: the request holds no room (None), which its caller reads as the room lost.
+    assert await adm.reroute(pool=POOL, rid="new", failed="r1") is None
+    assert await client.hget(BASE + "rload", "r1") == b"2"
     # The revoked line's own settlement afterwards frees nothing that is not its own.
     await adm.complete(pool=POOL, rid="new", adjustment=0)
     assert await client.hget(BASE + "rload", "r1") == b"2"
@@ -728,3 +740,74 @@ async def test_lent_room_is_taken_back_only_when_that_makes_room() -> None:
     assert await big == "r1"
     assert adm.reclaimed["lent"].is_set()
     assert await redis_async().hget(BASE + "rload", "r1") == b"2"
+
+
+async def test_a_line_waiting_for_its_own_pool_takes_lent_room_that_comes_first() -> None:
+    """A batch line waiting in its spot pool's queue leaves it for room the online pool lends
+    first (``lending.queue_or_borrow``), and is then in one pool only; a spot slot that comes
+    first is kept, and nothing is lent; a line cancelled while it waits holds nothing."""
+    await _pool({"r1": 1})
+    await _lends(100)
+    spot = pool_prefix("sim-spot")
+    client = redis_async()
+    await client.hset(spot + "replicas", "s1", 1)
+    await client.set(spot + "policy", "vtc")
+    adm = Admission()
+
+    def line(rid: str) -> Coroutine[Any, Any, tuple[str, bool]]:
+        async def admit() -> str:
+            return await adm.admit(
+                pool="sim-spot",
+                rid=rid,
+                tenant=9,
+                weight=1,
+                prompt_estimate=5,
+                prefix="",
+                wait_seconds=30,
+                limit_keys=(),
+            )
+
+        async def lendable() -> bool:
+            return await adm.lendable(pool=POOL, prefix="")
+
+        async def give_back() -> None:
+            await adm.complete(pool="sim-spot", rid=rid, adjustment=0)
+
+        return lending.queue_or_borrow(
+            admit,
+            lambda: _borrow(adm, rid),
+            lendable,
+            give_back,
+            deadline=time.monotonic() + 30,
+            may_ask=lambda: True,
+        )
+
+    async def queued_in_spot(rid: str) -> None:
+        for _ in range(500):
+            if await client.hget(spot + "req:" + rid, "state") == b"queued":
+                return
+            await asyncio.sleep(0.01)  # the poll's interval: the wait is bounded by the loop
+        raise AssertionError(f"{rid} not queued")
+
+    assert await _admit(adm, "online", tenant=1) == "r1"  # the online pool busy online
+    assert await line("first") == ("s1", False)  # the spot pool full from now on
+    waiting = asyncio.create_task(line("line"))
+    await queued_in_spot("line")
+    await adm.complete(pool=POOL, rid="online", adjustment=0)  # the online pool goes idle
+    assert await waiting == ("r1", True)
+    assert queue_state(POOL).lent == 1
+    assert not await client.exists(spot + "req:line")  # out of the spot queue
+    assert await client.zcard(spot + "inflight") == 1  # "first" alone holds the spot slot
+    # A line cancelled while it waits (its batch was cancelled) leaves the queue.
+    gone = asyncio.create_task(line("gone"))
+    await queued_in_spot("gone")
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert not await client.exists(spot + "req:gone")
+    # The other way round: the spot slot frees first, and it is kept.
+    other = asyncio.create_task(line("other"))
+    await queued_in_spot("other")
+    await adm.complete(pool="sim-spot", rid="first", adjustment=0)
+    assert await other == ("s1", False)
+    assert queue_state(POOL).lent == 1

@@ -5,7 +5,9 @@
 -- room. ``reclaim`` (common.lua) takes it back when an online request needs it. Lent work is
 -- not charged to the tenant's fairness counter here (it took room nobody wanted): its own
 -- online requests on this pool are not put behind others' for its batch.
--- ARGV: lease slack rid tenant weight est proc prefix adapter seqs
+-- With ``probe`` set it lends nothing: {'room', replica} says it would now
+-- (``Admission.lendable``: a line waiting in its own pool's queue leaves it only then).
+-- ARGV: lease slack rid tenant weight est proc prefix adapter seqs [probe]
 reap()
 if redis.call('EXISTS', base .. 'replicas') == 0 then return {'nocatalog', ''} end
 local share = tonumber(redis.call('GET', base .. 'lend') or '0') or 0
@@ -21,6 +23,7 @@ local lent = tonumber(redis.call('GET', base .. 'lent_seqs') or '0')
 if lent + seqs > math.floor(total * share / 100) then return {'no', 'share used'} end
 local rep = pick_replica(prefix, adapter, seqs)
 if not rep then return {'no', 'full'} end
+if ARGV[11] == '1' then return {'room', rep} end
 local band = BANDS - 1
 local key = base .. 'req:' .. rid
 redis.call('HSET', key, 'tenant', tenant, 'weight', weight, 'est', est, 'proc', proc,

@@ -1,7 +1,8 @@
 local rid, failed = ARGV[3], ARGV[4]
 local key = base .. 'req:' .. rid
 local r = redis.call('HMGET', key, 'state', 'prefix', 'tenant', 'adapter', 'seqs')
-if r[1] ~= 'granted' then return '' end
+-- '-': it holds no room here any more (lent room taken back, or its lease ran out).
+if r[1] ~= 'granted' then return '-' end
 local listed = redis.call('HEXISTS', base .. 'replicas', failed) == 1
 if listed and redis.call('HLEN', base .. 'replicas') == 1 then return failed end
 redis.call('HDEL', base .. 'replicas', failed)
