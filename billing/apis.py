@@ -124,10 +124,10 @@ def _window_parameters(group_by: str) -> list[OpenApiParameter]:
 
 class UsageApi(APIView):
     class QuerySerializer(_QuerySerializer):
-        GROUPS = ("model", "api_key", "mode", "adapter")
+        GROUPS = ("model", "api_key", "mode", "adapter", "priority")
 
     @extend_schema(
-        parameters=_window_parameters("Comma list: model, api_key, mode, adapter."),
+        parameters=_window_parameters("Comma list: model, api_key, mode, adapter, priority."),
         responses=dict,
     )
     def get(self, request: Request) -> Response:
@@ -156,6 +156,8 @@ class UsageApi(APIView):
                     "batch": (row["mode"] == "batch") if "mode" in groups else None,
                     # Ours, not OpenAI's: the LoRA adapter (``name:version``; "" for the base).
                     "adapter": row["adapter"] if "adapter" in groups else None,
+                    # Ours: the priority class (interactive, standard, background).
+                    "priority": row["priority"] if "priority" in groups else None,
                 }
                 for row in rows
             ]

@@ -30,6 +30,11 @@ USAGE_HEADER = [
     "cost_usd",
     "started_at",
     "finished_at",
+    # Added after the columns above (a reader by position keeps working): the priority
+    # class it ran in (its price may differ: docs/priority.md) and the pool that served it
+    # (a batch line on an online pool's lent room names that pool).
+    "priority",
+    "pool",
 ]
 
 LINE_HEADER = [
@@ -72,12 +77,14 @@ def usage_row(r: UsageRecord, tenant_slug: str) -> list[Any]:
         "" if r.cost_micros is None else micros_to_usd(r.cost_micros),
         r.started_at.isoformat(),
         r.finished_at.isoformat(),
+        r.priority,
+        r.pool,
     ]
 
 
 def _export_row(row: tuple[Any, ...], slug: str) -> list[Any]:
-    _, rid, prefix, model, adapter, mode, status, prompt, completion, cached, cost, *when = row
-    started, done = when
+    _, rid, prefix, model, adapter, mode, status, prompt, completion, cached, cost, *rest = row
+    started, done, priority, pool = rest
     return [
         rid,
         slug,
@@ -92,6 +99,8 @@ def _export_row(row: tuple[Any, ...], slug: str) -> list[Any]:
         "" if cost is None else micros_to_usd(cost),
         started.isoformat(),
         done.isoformat(),
+        priority,
+        pool,
     ]
 
 

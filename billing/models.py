@@ -162,7 +162,7 @@ class Price(models.Model):
 
 
 class DailyUsage(models.Model):
-    """The ledger summed per UTC day, tenant, key, model, adapter and mode.
+    """The ledger summed per UTC day, tenant, key, model, adapter, mode and priority class.
 
     A pure function of the ledger: a (tenant, day) is recomputed whole from its records
     whenever records for it are written, so replays and late records cannot skew it.
@@ -177,6 +177,7 @@ class DailyUsage(models.Model):
     model = models.CharField(max_length=200)
     adapter = models.CharField(max_length=200, blank=True)
     mode = models.CharField(max_length=8, choices=UsageRecord.Mode.choices)
+    priority = models.CharField(max_length=16, default="standard")  # as UsageRecord's
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
     # Requests answered from the tenant's response cache (status cache_hit; no tokens).

@@ -49,10 +49,16 @@ def daily_usage_buckets(
     group_by: Sequence[str] = (),
 ) -> list[tuple[date, list[dict[str, Any]]]]:
     """Usage per UTC day from the rollups, ``days`` buckets from ``start``, each with one
-    result per combination of ``group_by`` (``model``, ``api_key``, ``mode``, ``adapter``)
-    that had usage.
+    result per combination of ``group_by`` (``model``, ``api_key``, ``mode``, ``adapter``,
+    ``priority``) that had usage.
     ``tenant=None`` is every tenant (platform staff only: the caller checks)."""
-    fields = {"model": "model", "api_key": "api_key__prefix", "mode": "mode", "adapter": "adapter"}
+    fields = {
+        "model": "model",
+        "api_key": "api_key__prefix",
+        "mode": "mode",
+        "adapter": "adapter",
+        "priority": "priority",
+    }
     columns = [fields[g] for g in group_by]
     rows = DailyUsage.objects.filter(day__gte=start, day__lt=start + timedelta(days=days))
     if tenant is not None:
@@ -84,6 +90,8 @@ EXPORT_COLUMNS = (
     "cost_micros",
     "started_at",
     "finished_at",
+    "priority",
+    "pool",
 )
 
 

@@ -197,7 +197,7 @@ def daily_usage_refresh(*, tenant_id: int, day: date) -> int:
         tenant_id=tenant_id,
         start=start,
         end=start + timedelta(days=1),
-        by=("api_key_id", "model", "adapter", "mode"),
+        by=("api_key_id", "model", "adapter", "mode", "priority"),
     )
     rows = [
         DailyUsage(
@@ -207,6 +207,7 @@ def daily_usage_refresh(*, tenant_id: int, day: date) -> int:
             model=g["model"],
             adapter=g["adapter"],
             mode=g["mode"],
+            priority=g["priority"],
             requests=g["n"],
             errors=g["errors"],
             cache_hits=g["hits"],

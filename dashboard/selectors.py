@@ -55,7 +55,7 @@ def recent_problems(*, tenant: Tenant, limit: int = 10) -> QuerySet[UsageRecord]
     )
 
 
-USAGE_COLUMNS = ("day", "model", "adapter", "api_key__prefix", "api_key__name", "mode")
+USAGE_COLUMNS = ("day", "model", "adapter", "api_key__prefix", "api_key__name", "mode", "priority")
 
 
 def usage_rows(
@@ -68,7 +68,8 @@ def usage_rows(
     mode: str = "",
 ) -> list[dict[str, Any]]:
     """The rollups for ``[start, end]`` (UTC days) and the filters, one row per day, model,
-    adapter, key and mode: what the usage explorer's table, chart and CSV all show."""
+    adapter, key, mode and priority class: what the usage explorer's table, chart and CSV
+    all show."""
     rows = DailyUsage.objects.filter(tenant=tenant, day__gte=start, day__lte=end)
     if model:
         rows = rows.filter(model=model)

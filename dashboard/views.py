@@ -941,8 +941,9 @@ def usage_csv(request: HttpRequest, slug: str) -> HttpResponse:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(
         [
-            "day", "model", "adapter", "api_key", "mode", "requests", "errors", "cache_hits",
-            "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "api_key_name",
+            "day", "model", "adapter", "api_key", "mode", "priority", "requests", "errors",
+            "cache_hits", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd",
+            "api_key_name",
         ]
     )  # fmt: skip
     for r in selection["rows"]:
@@ -953,6 +954,7 @@ def usage_csv(request: HttpRequest, slug: str) -> HttpResponse:
                 r["adapter"],
                 f"{KEY_TAG}{r['api_key__prefix']}" if r["api_key__prefix"] else "",
                 r["mode"],
+                r["priority"],
                 r["requests"],
                 r["errors"],
                 r["cache_hits"],

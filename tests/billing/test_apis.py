@@ -42,6 +42,7 @@ def ledger(people: TenantPeople, django_capture_on_commit_callbacks: Any) -> Ten
             prompt_tokens=1000,
             completion_tokens=100,
             mode="batch",
+            priority="background",  # as every batch line
         ),
         _record(
             people.tenant,
@@ -94,10 +95,22 @@ def test_usage_by_day_and_model(ledger: TenantPeople) -> None:
             "api_key_id": None,
             "batch": None,
             "adapter": None,
+            "priority": None,
         }
     ]
     assert second == []  # a day without usage is an empty bucket, not a missing one
     assert third[0]["input_cached_tokens"] == 4
+
+
+def test_usage_by_priority_class(ledger: TenantPeople) -> None:
+    """The rollups keep the class each request ran in (a class may carry its own price)."""
+    body = _get(client_for(ledger.finance), "usage", tenant="acme", group_by="priority").json()
+    first = body["data"][0]["results"]
+    assert {r["priority"]: r["num_model_requests"] for r in first} == {
+        "standard": 1,
+        "background": 1,
+    }
+    assert {r["model"] for r in first} == {None}
 
 
 def test_usage_by_key_and_mode(ledger: TenantPeople) -> None:

@@ -102,7 +102,7 @@ def test_export_usage_csv() -> None:
     rows = list(csv.reader(io.StringIO(out.getvalue())))
     assert ",".join(rows[0]) == (
         "request_id,tenant,api_key,model,adapter,mode,status,prompt_tokens,completion_tokens,"
-        "cached_tokens,cost_usd,started_at,finished_at"
+        "cached_tokens,cost_usd,started_at,finished_at,priority,pool"
     )
     assert len(rows) == 2
     row = dict(zip(rows[0], rows[1], strict=True))
