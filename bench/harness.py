@@ -46,6 +46,8 @@ def _spawn(
             # to them), whatever the shell it runs from has set.
             env={
                 **{k: v for k, v in os.environ.items() if k != "INFERPLANE_ENGINE_API_KEY"},
+                # An engine goes with the benchmark however it ends (scripts/engine.sh).
+                "INFERPLANE_DIE_WITH_PID": str(os.getpid()),
                 **(env or {}),
             },
             stdout=log,

@@ -113,7 +113,12 @@ def engine_popen(command: str, log: IO[bytes]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(  # noqa: S602 - our own command line, as in the Procfile
         command,
         shell=True,
-        env={**os.environ, "INFERPLANE_ENGINE_API_KEY": ENGINE_API_KEY},
+        env={
+            **os.environ,
+            "INFERPLANE_ENGINE_API_KEY": ENGINE_API_KEY,
+            # Gone with this pytest however it ends (scripts/engine.sh).
+            "INFERPLANE_DIE_WITH_PID": str(os.getpid()),
+        },
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: stop() reaches vLLM's children

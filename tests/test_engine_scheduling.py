@@ -148,3 +148,24 @@ def test_fixture_and_setsid_engines_yield_too(
         stopped.append(setsid_style)
     for process in (fixture_style, setsid_style):
         assert _scheduling(_engine_under(process.pid)) == (10, 10)
+
+
+@pytest.mark.engine
+def test_an_engine_goes_with_the_run_that_started_it(
+    stopped: list[subprocess.Popen[bytes]],
+) -> None:
+    """A test run or a benchmark killed before its teardown leaves no engine behind (one
+    such engine, ~2.4 GB, once ran a CI machine out of memory): ``INFERPLANE_DIE_WITH_PID``."""
+    run = subprocess.Popen(["sleep", "600"])  # the run that starts the engine
+    process = subprocess.Popen(
+        [str(ROOT / "scripts" / "engine.sh"), str(free_port())],
+        env={**os.environ, "INFERPLANE_DIE_WITH_PID": str(run.pid)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    stopped.append(process)
+    engine = _engine_under(process.pid)
+    run.kill()
+    run.wait()
+    assert _gone(engine), "the engine outlived the run that started it"
