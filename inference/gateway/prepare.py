@@ -231,48 +231,21 @@ async def prepare(
         if refusal is None and not (ticket is not None and ticket.hit):
             prefix = salted_prefix(salt, parsed.prefix_hash)
             if lender is not None and lend is not None:
-                lender_name = lend
-
-                def borrow() -> Awaitable[str]:
-                    return lending.borrow(lender_name, rid, key, parsed, grant, adapter, prefix)
-
-                replica = await borrow()
-                # With no spot pool to go to, it waits for lent room as long as the pool
-                # lets a request wait for admission (asking again every BORROW_EVERY).
-                deadline = time.monotonic() + lender.max_queue_wait_seconds
-                while not replica and lend == pool_name and time.monotonic() < deadline:
-                    await asyncio.sleep(lending.BORROW_EVERY)
-                    replica = await borrow()
-                if not replica and lend == pool_name:
-                    raise overloaded(2, f"Pool `{lend}` had no room to lend.")
-                lent = bool(replica)
-                if not replica:  # its own pool's queue, unless the lender has room first
-                    own, own_info = pool_name, pool_info
-                    deadline = time.monotonic() + own_info.max_queue_wait_seconds
-
-                    def give_back() -> Awaitable[None]:
-                        return admission().complete(pool=own, rid=rid, adjustment=0)
-
-                    replica, lent = await lending.queue_or_borrow(
-                        lambda: _admit(
-                            view,
-                            own,
-                            own_info,
-                            rid,
-                            key,
-                            parsed,
-                            grant,
-                            adapter,
-                            prefix,
-                            priority,
-                            wait=max(1.0, deadline - time.monotonic()),
-                        ),
-                        borrow,
-                        lambda: lending.lendable(lender_name, parsed, adapter, prefix),
-                        give_back,
-                        deadline=deadline,
-                        may_ask=lend_open or (lambda: True),
-                    )
+                replica, lent = await _borrow_or_admit(
+                    view,
+                    pool_name,
+                    pool_info,
+                    lend,
+                    lender,
+                    lend_open or (lambda: True),
+                    rid,
+                    key,
+                    parsed,
+                    grant,
+                    adapter,
+                    prefix,
+                    priority,
+                )
                 if lent:
                     pool_name, pool_info = lend, lender
             else:
@@ -357,6 +330,67 @@ def _check_fits(parsed: ParsedRequest, capacity: int) -> None:
             param="n" if parsed.prompts == 1 else "prompt",
             code="request_too_large",
         )
+
+
+async def _borrow_or_admit(
+    view: Any,
+    pool_name: str,
+    pool: CatalogPool,
+    lend: str,
+    lender: CatalogPool,
+    lend_open: Callable[[], bool],
+    rid: str,
+    key: KeyInfo,
+    parsed: ParsedRequest,
+    grant: limits.Grant,
+    adapter: Adapter | None,
+    prefix: str,
+    priority: str,
+) -> tuple[str, bool]:
+    """A batch line offered room by a lending pool (``prepare``'s ``lend``): room lent now,
+    else a place in its own pool's queue that it leaves for lent room coming first
+    (``lending.queue_or_borrow``) — or, with no pool of its own to wait in, lent room asked
+    for every ``BORROW_EVERY`` up to the lender's queue wait (a 503 after it). Returns (the
+    replica, whether it is lent room)."""
+
+    def borrow() -> Awaitable[str]:
+        return lending.borrow(lend, rid, key, parsed, grant, adapter, prefix)
+
+    replica = await borrow()
+    if replica:
+        return replica, True
+    if lend == pool_name:
+        deadline = time.monotonic() + lender.max_queue_wait_seconds
+        while time.monotonic() < deadline:
+            await asyncio.sleep(lending.BORROW_EVERY)
+            if replica := await borrow():
+                return replica, True
+        raise overloaded(2, f"Pool `{lend}` had no room to lend.")
+    deadline = time.monotonic() + pool.max_queue_wait_seconds
+
+    def give_back() -> Awaitable[None]:
+        return admission().complete(pool=pool_name, rid=rid, adjustment=0)
+
+    return await lending.queue_or_borrow(
+        lambda: _admit(
+            view,
+            pool_name,
+            pool,
+            rid,
+            key,
+            parsed,
+            grant,
+            adapter,
+            prefix,
+            priority,
+            wait=max(1.0, deadline - time.monotonic()),
+        ),
+        borrow,
+        lambda: lending.lendable(lend, parsed, adapter, prefix),
+        give_back,
+        deadline=deadline,
+        may_ask=lend_open,
+    )
 
 
 async def _admit(
