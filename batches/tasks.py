@@ -80,8 +80,9 @@ def _sweep() -> None:
     # A run message is a turn for whoever's turn it is: one queued per batch waiting is
     # enough (waking each one every sweep would grow the queue without end under a backlog
     # of batches waiting their turn).
-    for batch_id in waiting[: max(0, len(waiting) - _queued(BATCH_QUEUE))]:
-        batch_run_task.delay(batch_id)
+    if waiting:  # (asking the broker costs a connection of its own: only when it matters)
+        for batch_id in waiting[: max(0, len(waiting) - _queued(BATCH_QUEUE))]:
+            batch_run_task.delay(batch_id)
     files_expired_delete()
     batches_purge()
 

@@ -177,12 +177,14 @@ class Bench:
         beat = ["celery", "-A", "controlplane", "beat", "-l", "warning"]
         beat += ["--schedule", str(LOGS / "beat-schedule")]
         self.processes["beat"] = _spawn(f"beat-{port}", [*py, *beat], env, cpus)
+        drains = [sys.executable, str(ROOT / "manage.py"), "run_drains"]  # the ledger's way in
+        self.processes["drains"] = _spawn(f"drains-{port}", drains, env, cpus)
         self.gateway_url = f"http://127.0.0.1:{port}"
         _wait_http(f"{self.gateway_url}/healthz", 60, self.processes["web"], f"web-{port}")
         return self.gateway_url
 
     def stop_gateway(self) -> None:
-        for name in ("web", "worker", "worker-batch", "beat"):
+        for name in ("web", "worker", "worker-batch", "beat", "drains"):
             if name in self.processes:
                 _stop(self.processes.pop(name))
 

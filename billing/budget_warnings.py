@@ -2,7 +2,8 @@
 
 The gateway's limits script (``inference/gateway/lua/limits/``) pushes one note per crossing onto
 ``BUDGET_WARNINGS`` as ``kind|t or k|id|YYYYMM|used|limit``; ``billing.services.
-budget_warnings_flush`` (Celery beat) takes them off and turns each into an audit event.
+budget_warnings_flush`` (the drains process, blocked on the list until one comes) takes them
+off and turns each into an audit event.
 Billing owns the key and the format; the gateway only writes to it.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
-from controlplane.redis import redis_sync
+from controlplane.redis import redis_blocking, redis_sync
 
 BUDGET_WARNINGS = "ip:budget:warnings"
 
@@ -28,10 +29,24 @@ class BudgetWarning:
     limit: int
 
 
-def budget_warnings_take(max_items: int) -> tuple[list[BudgetWarning], list[bytes]]:
+def budget_warnings_take(
+    max_items: int, *, block_seconds: float = 0
+) -> tuple[list[BudgetWarning], list[bytes]]:
     """Take up to ``max_items`` noted warnings off Redis: the readable ones, and the raw
-    notes that could not be read (for the caller to log)."""
-    raw_items = cast(list[bytes], redis_sync().lpop(BUDGET_WARNINGS, max_items) or [])
+    notes that could not be read (for the caller to log). With ``block_seconds``, waits that
+    long for the first one when there is none."""
+    raw_items: list[bytes] = []
+    if block_seconds:
+        client = redis_blocking()
+        first = client.blpop([BUDGET_WARNINGS], timeout=block_seconds)
+        if first is None:
+            return [], []
+        raw_items = [cast(tuple[bytes, bytes], first)[1]]
+        max_items -= 1
+    else:
+        client = redis_sync()
+    if max_items > 0:
+        raw_items += cast(list[bytes], client.lpop(BUDGET_WARNINGS, max_items) or [])
     warnings, unreadable = [], []
     for raw in raw_items:
         try:

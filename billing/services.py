@@ -325,10 +325,11 @@ def price_set(
 # --- Budget warnings -------------------------------------------------------------------------
 
 
-def budget_warnings_flush(*, max_items: int = 500) -> int:
+def budget_warnings_flush(*, max_items: int = 500, block_seconds: float = 0) -> int:
     """Turn the gateway's "80% of a monthly budget used" notices into audit events, once per
-    tenant or key, budget kind and month (a notice repeated after a Redis restart is not)."""
-    warnings, unreadable = budget_warnings_take(max_items)
+    tenant or key, budget kind and month (a notice repeated after a Redis restart is not).
+    With ``block_seconds``, waits that long for a notice when there is none."""
+    warnings, unreadable = budget_warnings_take(max_items, block_seconds=block_seconds)
     for raw in unreadable:
         log.error("malformed budget warning dropped: %r", raw)
     written = 0
@@ -371,3 +372,15 @@ def budget_warnings_flush(*, max_items: int = 500) -> int:
         )
         written += 1
     return written
+
+
+class BudgetWarningsDrain:
+    """The notices' consumer in the drains process (``controlplane.drains``)."""
+
+    name = "budget-warnings"
+
+    def reset(self) -> None:
+        pass
+
+    def step(self, block_seconds: float) -> int:
+        return budget_warnings_flush(block_seconds=block_seconds)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 from pathlib import Path
 from typing import Any, cast
@@ -30,7 +31,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from contract import UsageRecord, encode, usage_decoder
-from controlplane.redis import redis_sync
+from controlplane.redis import redis_blocking, redis_sync
 
 log = logging.getLogger(__name__)
 
@@ -126,34 +127,124 @@ def _insert(client: redis.Redis, records: list[UsageRecord]) -> None:
             _dead_letter(client, {"record": msgspec.to_builtins(record), "error": error})
 
 
+def _move(client: redis.Redis, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
+    """Insert the records of ``entries`` (read from the group), then acknowledge and delete
+    exactly them."""
+    records = []
+    for _, fields in entries:
+        try:
+            records.append(usage_decoder.decode(fields[FIELD]))
+        except (KeyError, msgspec.DecodeError) as exc:
+            _dead_letter(client, {"entry": repr(fields), "error": f"unreadable: {exc}"})
+    if records:
+        _insert(client, records)
+    ids = [entry_id for entry_id, _ in entries]
+    pipe = client.pipeline(transaction=True)
+    pipe.xack(USAGE_STREAM, USAGE_GROUP, *ids)
+    pipe.xdel(USAGE_STREAM, *ids)
+    pipe.execute()
+    return len(entries)
+
+
+def _prepare(client: redis.Redis) -> None:
+    """The group exists, and the legacy list is in the stream."""
+    _ensure_group(client)
+    while client.eval(_MIGRATE, 2, LEGACY_SPOOL, USAGE_STREAM, FLUSH_BATCH):
+        pass
+
+
 def usage_spool_flush(*, max_batches: int = 50) -> int:
     """Move spooled records into the ledger; safe to run anywhere, any number at once."""
     client = redis_sync()
-    _ensure_group(client)
+    _prepare(client)
     moved = 0
-    while client.eval(_MIGRATE, 2, LEGACY_SPOOL, USAGE_STREAM, FLUSH_BATCH):
-        pass
     for _ in range(max_batches):
         entries = _next_batch(client)
         if not entries:
             break
-        records = []
-        for _, fields in entries:
-            try:
-                records.append(usage_decoder.decode(fields[FIELD]))
-            except (KeyError, msgspec.DecodeError) as exc:
-                _dead_letter(client, {"entry": repr(fields), "error": f"unreadable: {exc}"})
-        if records:
-            _insert(client, records)
-        ids = [entry_id for entry_id, _ in entries]
-        pipe = client.pipeline(transaction=True)
-        pipe.xack(USAGE_STREAM, USAGE_GROUP, *ids)
-        pipe.xdel(USAGE_STREAM, *ids)
-        pipe.execute()
-        moved += len(entries)
+        moved += _move(client, entries)
     if not moved:
         _prune_consumers(client)
     return moved
+
+
+# After a read that found records, the drain waits this long before the next: records that
+# come meanwhile go in together (a record costs the stream a read, an acknowledgement and a
+# delete, and the ledger a commit, per batch), while the first of a burst goes in at once.
+LINGER = 0.2
+# The drain refreshes the rollups of the days it wrote to at most this often (the dashboard's
+# usage pages read them); records other writers insert are rolled up by beat's slower net.
+ROLLUP_EVERY = 10.0
+
+
+class UsageDrain:
+    """The spool's consumer in the drains process: blocks on the stream until records come
+    (``XREADGROUP BLOCK``), claims what a dead flusher left once per claim period, and rolls
+    up the days it wrote to."""
+
+    name = "usage"
+
+    def __init__(self) -> None:
+        self.prepared = False
+        self.claimed_at = 0.0  # monotonic
+        self.pruned_at = 0.0
+        self.rolled_at = 0.0
+        self.dirty = False  # records moved since the last rollup
+        self.moved = False  # the last step moved records (the next one lingers first)
+
+    def reset(self) -> None:
+        """After an error (Redis restarted empty: the group is gone)."""
+        self.prepared = False
+
+    def step(self, block_seconds: float) -> int:
+        from billing.services import daily_usage_refresh_stale
+
+        client = redis_blocking()
+        if self.moved:
+            time.sleep(LINGER)
+        now = time.monotonic()
+        if not self.prepared:
+            _prepare(client)
+            # In the group from now on (a blocked read alone does not make it a consumer):
+            # what it takes and never acknowledges is seen, and claimed, by the others.
+            client.xgroup_createconsumer(USAGE_STREAM, USAGE_GROUP, _consumer())
+            self.prepared = True
+        if now - self.pruned_at >= 3600:
+            _prune_consumers(client)
+            self.pruned_at = now
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = []
+        claim_every = settings.INFERPLANE_USAGE_CLAIM_IDLE_SECONDS
+        if now - self.claimed_at >= claim_every:
+            self.claimed_at = now
+            claimed = client.xautoclaim(
+                USAGE_STREAM,
+                USAGE_GROUP,
+                _consumer(),
+                min_idle_time=claim_every * 1000,
+                count=FLUSH_BATCH,
+            )
+            entries = [e for e in claimed[1] if e and e[1]]
+        if not entries:
+            block = block_seconds
+            if self.dirty:  # wake in time for the rollup that is due
+                block = max(0.01, min(block, self.rolled_at + ROLLUP_EVERY - now))
+            read = client.xreadgroup(
+                USAGE_GROUP,
+                _consumer(),
+                {USAGE_STREAM: ">"},
+                count=FLUSH_BATCH,
+                block=max(1, int(block * 1000)),
+            )
+            if read:
+                entries = cast(list[Any], read)[0][1]
+        moved = _move(client, entries) if entries else 0
+        self.moved = moved > 0
+        self.dirty = self.dirty or moved > 0
+        if self.dirty and time.monotonic() - self.rolled_at >= ROLLUP_EVERY:
+            self.rolled_at = time.monotonic()
+            self.dirty = False
+            daily_usage_refresh_stale()
+        return moved
 
 
 def _prune_consumers(client: redis.Redis) -> None:

@@ -9,20 +9,13 @@ from django.utils import timezone
 from billing.invoicing import invoices_finalize_month
 from billing.reconcile import counter_snapshots_take
 from billing.services import (
-    budget_warnings_flush,
     daily_usage_refresh_recent,
     daily_usage_refresh_stale,
 )
 from billing.signals import invoice_finalized, invoice_voided
-from billing.spool import usage_spool_flush
 from billing.stripe_sync import StripeNotConfigured, invoice_stripe_push, invoice_stripe_void
 
 log = logging.getLogger(__name__)
-
-
-@shared_task(ignore_result=True)
-def usage_spool_flush_task() -> int:
-    return usage_spool_flush()
 
 
 @shared_task(ignore_result=True)
@@ -33,11 +26,6 @@ def daily_usage_refresh_task() -> int:
 @shared_task(ignore_result=True)
 def daily_usage_refresh_recent_task() -> int:
     return daily_usage_refresh_recent()
-
-
-@shared_task(ignore_result=True)
-def budget_warnings_flush_task() -> int:
-    return budget_warnings_flush()
 
 
 @shared_task(

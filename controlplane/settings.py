@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "axes",
+    "controlplane",  # its management commands (run_drains)
     "tenants",
     "adapters",
     "fleet",
@@ -162,12 +163,17 @@ CHANNEL_LAYERS = {
 }
 
 # --- Celery (broker = Redis; every periodic schedule is declared here and only here) -------
+# What the gateways leave in Redis for Postgres is not on this schedule: the drains process
+# (``controlplane.drains``) waits on it and moves it as it comes.
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 # On Redis, kombu's transport with one fix: a worker outlives a Redis restart (see the module).
 # (rediss:// keeps kombu's own: kombu picks its TLS defaults by that scheme's transport name.)
 if CELERY_BROKER_URL.startswith("redis://"):
     CELERY_BROKER_TRANSPORT = "controlplane.broker:Transport"
+# An idle worker's BRPOP comes back empty every this many seconds (kombu's default, 1 s, was
+# most of what an idle platform asked Redis); a message ends the wait at once either way.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"polling_interval": 10}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -198,22 +204,12 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "inference.tasks.replicas_probe_all",
         "schedule": float(env_int("INFERPLANE_PROBE_INTERVAL_SECONDS", 10, minimum=1)),
     },
-    # The gateway spools usage records in Redis; this moves them into the ledger.
-    "flush-usage-spool": {
-        "task": "billing.tasks.usage_spool_flush_task",
-        "schedule": float(env_int("INFERPLANE_USAGE_FLUSH_SECONDS", 1, minimum=1)),
-        "options": {"expires": 5},
-    },
-    # "80% of a monthly budget used" notices from the gateway, into the audit log.
-    "budget-warnings": {
-        "task": "billing.tasks.budget_warnings_flush_task",
-        "schedule": 5.0,
-        "options": {"expires": 30},
-    },
-    # Rollups of the (tenant, day) pairs that got new records since the last run.
+    # Rollups of the (tenant, day) pairs that got new records since the last run. The usage
+    # drain rolls up what it writes every 10 s; this catches the records of other writers
+    # (the reconcile command, invoicing's last flush).
     "refresh-daily-usage": {
         "task": "billing.tasks.daily_usage_refresh_task",
-        "schedule": 10.0,
+        "schedule": 60.0,
         "options": {"expires": 30},
     },
     # The engines' own token counters, the other side of `reconcile_usage`.
@@ -239,19 +235,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "schedule": 3600.0,
         "options": {"expires": 1800},
     },
-    # Key and tenant changes that Redis could not take when they were committed.
-    "flush-key-cache-outbox": {
-        "task": "inference.tasks.keycache_outbox_flush_task",
-        "schedule": 2.0,
-        "options": {"expires": 10},
-    },
-    # Moderation events the gateways recorded, into Postgres; and the policies republished,
-    # which heals a Redis that lost them (the gateways also rebuild them when they find none).
-    "flush-moderation-events": {
-        "task": "moderation.tasks.moderation_events_flush_task",
-        "schedule": 2.0,
-        "options": {"expires": 10},
-    },
+    # The moderation policies republished, which heals a Redis that lost them (the gateways
+    # also rebuild them when they find none).
     "publish-moderation-policies": {
         "task": "moderation.tasks.moderation_policies_publish_task",
         "schedule": 60.0,
@@ -267,7 +252,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # Batches: expire what is past its window, wake a worker for work nobody is doing.
     "sweep-batches": {
         "task": "batches.tasks.batches_sweep_task",
-        "schedule": float(env_int("INFERPLANE_BATCH_SWEEP_SECONDS", 5, minimum=1)),
+        # 15 s: each run costs the broker ~10 commands (docs/scaling.md, idle costs).
+        "schedule": float(env_int("INFERPLANE_BATCH_SWEEP_SECONDS", 15, minimum=1)),
         "options": {"expires": 30},
     },
     "reject-stuck-adapters": {
@@ -532,6 +518,9 @@ INFERPLANE_MAX_RESPONSE_BYTES = env_int(
 # A usage-spool entry read by a flusher that has not acknowledged it for this long (it died,
 # or waits on a locked table) is taken over by the next flusher (billing.spool).
 INFERPLANE_USAGE_CLAIM_IDLE_SECONDS = env_int("INFERPLANE_USAGE_CLAIM_IDLE_SECONDS", 30, minimum=1)
+# How long a drain's blocking read waits for work before it looks again (controlplane/drains.py):
+# the idle cost of each drain is one read per this many seconds.
+INFERPLANE_DRAIN_BLOCK_SECONDS = env_int("INFERPLANE_DRAIN_BLOCK_SECONDS", 10, minimum=1)
 
 # --- Logs and metrics -------------------------------------------------------------------------
 # "plain" for a terminal, "json" for a log pipeline: one JSON object per line, each with the

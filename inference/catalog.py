@@ -10,9 +10,11 @@ interval (a lost announcement, within the gateways' minute between looks).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import msgspec
@@ -157,36 +159,45 @@ def adapters_part_read(client: Any, tenant_id: int) -> dict[str, CatalogAdapter]
     return {} if raw is None else adapters_part_decoder.decode(raw)
 
 
-def catalog_publish() -> Catalog:
+_POOL_PART = (Path(__file__).with_name("lua") / "catalog_pool.lua").read_text()
+
+
+@functools.cache
+def _pool_part_script(client: Any) -> Any:
+    return client.register_script(_POOL_PART)
+
+
+def catalog_publish(*, force: bool = False) -> Catalog:
     """Publish the catalog (the snapshot without the adapters, and the adapters' parts that
-    changed); returns it whole, as built."""
+    changed); returns it whole, as built. The snapshot is written when it changed (or is
+    missing), and always with ``force`` (for one a reader found unreadable)."""
     catalog = catalog_build()
     snapshot = msgspec.structs.replace(catalog, adapters={})
     digest = hashlib.sha256(encode(msgspec.structs.replace(snapshot, version=0))).hexdigest()
     client = redis_sync()
     _publish_adapters(client, catalog)
-    pipe = client.pipeline(transaction=True)
-    pipe.set(CATALOG_DIGEST_KEY, digest, get=True)
-    pipe.exists(CATALOG_VERSION_KEY)
-    pipe.set(CATALOG_KEY, encode(snapshot))
+    # One round trip: what the snapshot was, and each pool's part written where it differs.
+    pipe = client.pipeline(transaction=False)
+    pipe.get(CATALOG_DIGEST_KEY)
+    pipe.exists(CATALOG_VERSION_KEY, CATALOG_KEY)
+    pool_part = _pool_part_script(client)
     for name, pool in catalog.pools.items():
-        prefix = pool_prefix(name)
-        ready: dict[Any, int] = {
-            rid: pool.max_inflight
+        ready = [
+            str(x)
             for rid, replica in pool.replicas.items()
             if replica.state == Replica.State.READY
-        }
-        pipe.delete(prefix + "replicas")
-        if ready:
-            pipe.hset(prefix + "replicas", mapping=ready)
-        else:
-            # An empty hash cannot exist; this marker says "catalog known, no capacity".
-            pipe.hset(prefix + "replicas", "none", 0)
-        pipe.set(prefix + "policy", pool.policy)
-        pipe.set(prefix + "lend", pool.lend_percent)  # admission's lend.lua reads it
-    previous, versioned = pipe.execute()[:2]
-    if not versioned or previous is None or previous.decode() != digest:
-        version = client.incr(CATALOG_VERSION_KEY)
+            for x in (rid, pool.max_inflight)
+        ]
+        pool_part(
+            keys=[pool_prefix(name)], args=[pool.policy, pool.lend_percent, *ready], client=pipe
+        )
+    previous, present = pipe.execute()[:2]
+    if force or previous is None or previous.decode() != digest or present < 2:
+        pipe = client.pipeline(transaction=True)
+        pipe.set(CATALOG_KEY, encode(snapshot))
+        pipe.set(CATALOG_DIGEST_KEY, digest)
+        pipe.incr(CATALOG_VERSION_KEY)
+        version = pipe.execute()[-1]
         # A lost announcement only waits for the gateways' next look at the version.
         try:
             client.publish(channel(CATALOG_CHANNEL), version)
@@ -217,4 +228,4 @@ def catalog_read(*, tenant_id: int) -> Catalog:
         return catalog_build()
     except msgspec.DecodeError:
         log.warning("serving catalog in Redis unreadable: republishing it", exc_info=True)
-    return catalog_publish()
+    return catalog_publish(force=True)

@@ -13,6 +13,7 @@ second, so a revoked key stops working everywhere within a second.
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
 from django.db import transaction
@@ -32,13 +33,17 @@ ENTRY_SECONDS = 300
 # briefly, so that guessing keys costs the database one query per prefix per half-minute.
 UNKNOWN = b"?"
 UNKNOWN_SECONDS = 30
+# How often the drains process looks for invalidations Redis could not take (a database
+# query, nothing asked of Redis while the outbox is empty).
+OUTBOX_EVERY = 2.0
 
 
 def keycache_invalidate(*, prefix: str = "", tenant_id: int | None = None) -> None:
     """Make the gateways forget a key (by prefix) or every key of a tenant, once the current
     transaction commits. Recorded in the outbox with the change itself, so an invalidation
-    that Redis cannot take right then is retried (every few seconds, by Celery beat) until it
-    holds: a revoked key or a suspended tenant can never go on working by accident."""
+    that Redis cannot take right then is retried (every ``OUTBOX_EVERY`` seconds, by the
+    drains process) until it holds: a revoked key or a suspended tenant can never go on
+    working by accident."""
     KeyCacheInvalidation.objects.create(prefix=prefix, tenant_id=tenant_id)
     transaction.on_commit(keycache_outbox_flush)
 
@@ -77,3 +82,19 @@ def keycache_outbox_flush(*, batch: int = 500) -> int:
                 return done
             KeyCacheInvalidation.objects.filter(pk__in=[p.pk for p in pending]).delete()
             done += len(pending)
+
+
+class KeyCacheOutboxDrain:
+    """The outbox's retrier in the drains process (``controlplane.drains``). The outbox only
+    fills while Redis refuses writes, so it is looked at in the database, not waited on."""
+
+    name = "key-cache-outbox"
+
+    def reset(self) -> None:
+        pass
+
+    def step(self, block_seconds: float) -> int:
+        time.sleep(min(block_seconds, OUTBOX_EVERY))
+        if not KeyCacheInvalidation.objects.exists():
+            return 0
+        return keycache_outbox_flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import logging
@@ -9,7 +10,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import dns.exception
@@ -493,16 +494,24 @@ def pool_discovery_sync(*, pool: Pool) -> DiscoveryRound:
     return result
 
 
-def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:
+def replica_probe(
+    *,
+    replica: Replica,
+    timeout: float | None = None,
+    round_: ProbeRound | None = None,
+) -> Replica:
     """Ask the engine whether it is healthy and serves the pool's model; record the answer.
 
     A draining replica stays draining (an operator put it there); others become ready or down.
+    ``round_``: the probe round it is part of (what the round read of Redis once for all).
     """
     timeout = timeout or settings.INFERPLANE_PROBE_TIMEOUT_SECONDS
+    alone = round_ is None  # a round of its own, ended here
+    round_ = round_ or ProbeRound.begin()
     served = replica.pool.model.served_name
     error = ""
     loaded: set[str] | None = None
-    started_ms = _redis_now_ms()
+    started_ms = round_.started_ms
     try:
         with httpx.Client(
             base_url=replica.url, timeout=timeout, headers=engine_auth_headers()
@@ -517,7 +526,7 @@ def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:
         else:
             # LoRA adapters are the cards with a parent (the base model they apply to).
             loaded = {str(m["id"]) for m in cards if m.get("parent") and m.get("id")}
-            error = _progress_check(replica, metrics)
+            error = _progress_check(replica, metrics, round_)
     except (httpx.HTTPError, ValueError, AttributeError) as exc:
         error = f"{type(exc).__name__}: {exc}"[:500]
     previous = replica.state
@@ -534,35 +543,76 @@ def replica_probe(*, replica: Replica, timeout: float | None = None) -> Replica:
         replica.state = Replica.State.DRAINING
     if replica.state != previous:
         log.info("replica %s: %s -> %s %s", replica, previous, replica.state, error)
-    if loaded is not None and started_ms is not None:
+    # A model without LoRA support never has adapters placed on its replicas: nothing to
+    # reconcile unless its engine lists some anyway.
+    lora = replica.pool.model.supports_lora or bool(loaded)
+    if loaded is not None and started_ms is not None and lora:
         # Bookkeeping only: its failure says nothing about the replica's health.
         try:
             _adapters_reconcile(replica, loaded, started_ms, timeout)
         except Exception:
             log.warning("could not reconcile the adapters of %s", replica, exc_info=True)
+    if alone:
+        round_.end()
     return replica
 
 
 PROBE_PROGRESS = "ip:probe:progress"  # replica id -> "generated tokens|since (epoch s)"
+IDLE = "idle"  # ... or this, while it runs nothing
 
 
-def _progress_check(replica: Replica, metrics: dict[str, float]) -> str:
+@dataclass
+class ProbeRound:
+    """What a round of probes reads of Redis once for all its replicas, and writes once at
+    its end: Redis's clock when it began (adapter records newer than that are left alone),
+    and each engine's last generated-token count (``_progress_check``). A round costs Redis
+    a few commands, not a few per replica. ``None`` where Redis could not say."""
+
+    started_ms: int | None
+    progress: dict[str, str] | None
+    progress_changed: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def begin(cls) -> ProbeRound:
+        try:
+            pipe = redis_sync().pipeline(transaction=False)
+            pipe.time()
+            pipe.hgetall(PROBE_PROGRESS)
+            (seconds, micros), raw = pipe.execute()
+        except RedisError:
+            return cls(started_ms=None, progress=None)
+        progress = {k.decode(): v.decode() for k, v in cast(dict[bytes, bytes], raw).items()}
+        return cls(started_ms=int(seconds) * 1000 + int(micros) // 1000, progress=progress)
+
+    def end(self) -> None:
+        if self.progress_changed:
+            with contextlib.suppress(RedisError):
+                redis_sync().hset(PROBE_PROGRESS, mapping=cast(Any, self.progress_changed))
+            self.progress_changed = {}
+
+
+def _progress_check(replica: Replica, metrics: dict[str, float], round_: ProbeRound) -> str:
     """An engine whose HTTP server answers while its engine core is stuck (a hung GPU, a
     wedged kernel) still says 200 on /health: it is down if it has requests running and
     its generated-token counter has not moved for the stall timeout. '' when it is fine."""
     field = str(replica.pk)
     generated, running = metrics["generation"], metrics["running"]
     now = time.time()
-    try:
-        client = redis_sync()
-        previous = client.hget(PROBE_PROGRESS, field)
-        text = previous.decode() if isinstance(previous, bytes) else str(previous or "")
-        last_generated, _, since = text.partition("|")
-        if running == 0 or not since or float(last_generated) != generated:
-            client.hset(PROBE_PROGRESS, field, f"{generated}|{now}")
-            return ""
-    except (RedisError, ValueError):
+    if round_.progress is None:
         return ""  # bookkeeping unavailable: /health decides alone
+    text = round_.progress.get(field, "")
+    if running == 0:  # nothing to stall; written once, not every round of an idle engine
+        if text != IDLE:
+            round_.progress_changed[field] = IDLE
+        return ""
+    last_generated, _, since = text.partition("|")
+    try:
+        if text == IDLE or not since or float(last_generated) != generated:
+            round_.progress_changed[field] = f"{generated}|{now}"  # the stall clock starts
+            return ""
+    except ValueError:
+        round_.progress_changed[field] = f"{generated}|{now}"
+        return ""
     silent = now - float(since)
     if silent < settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS:
         return ""
@@ -570,15 +620,6 @@ def _progress_check(replica: Replica, metrics: dict[str, float]) -> str:
         f"engine has {running:.0f} requests running and generated nothing for {silent:.0f} s "
         "(its /health still answers: the engine core is stuck)"
     )
-
-
-def _redis_now_ms() -> int | None:
-    """Redis's clock: the one the gateways' adapter records are scored with."""
-    try:
-        seconds, micros = redis_sync().time()
-    except RedisError:
-        return None
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 _ENGINE_NAME = re.compile(r"^(?P<slug>[^/]+)/(?P<name>[^/:]+):(?P<version>\d+)$")

@@ -7,17 +7,10 @@ from redis.exceptions import RedisError
 
 from fleet.models import Pool
 from inference.catalog import catalog_publish
-from inference.keycache import keycache_outbox_flush
 from inference.selectors import pool_list, replica_list
-from inference.services import adapter_retire, pool_discovery_sync, replica_probe
+from inference.services import ProbeRound, adapter_retire, pool_discovery_sync, replica_probe
 
 log = logging.getLogger(__name__)
-
-
-@shared_task(ignore_result=True)
-def keycache_outbox_flush_task() -> int:
-    """Key and tenant changes the gateways' caches have not yet been told about."""
-    return keycache_outbox_flush()
 
 
 @shared_task
@@ -30,8 +23,10 @@ def replicas_probe_all() -> None:
         except Exception:  # one pool's trouble must not stop the others' probes
             log.exception("discovery of pool %s failed", pool.name)
     # Replicas whose address vanished are leaving: nothing to learn from probing them.
+    round_ = ProbeRound.begin()
     for replica in replica_list().filter(vanished_at__isnull=True):
-        replica_probe(replica=replica)
+        replica_probe(replica=replica, round_=round_)
+    round_.end()
     catalog_publish()
 
 

@@ -12,7 +12,7 @@ import redis
 from django.db import transaction
 from django.db.models import Q
 
-from controlplane.redis import redis_sync
+from controlplane.redis import redis_blocking, redis_sync
 from fleet.models import Model
 from moderation.categories import CATEGORIES
 from moderation.models import ModerationEvent, ModerationPolicy
@@ -121,6 +121,9 @@ def _dedupe(values: list[str]) -> list[str]:
     return list(dict.fromkeys(v for v in values if v))
 
 
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
+
+
 def moderation_events_flush(*, max_batches: int = 20) -> int:
     """Move the gateways' events from the Redis stream into Postgres. Idempotent (each
     event's stream id is unique in the table), so flushers may overlap; entries are deleted
@@ -128,38 +131,68 @@ def moderation_events_flush(*, max_batches: int = 20) -> int:
     client = redis_sync()
     stored = 0
     for _ in range(max_batches):
-        entries = cast(
-            list[tuple[bytes, dict[bytes, bytes]]], client.xrange(EVENTS_STREAM, count=FLUSH_BATCH)
-        )
+        entries = cast(Entries, client.xrange(EVENTS_STREAM, count=FLUSH_BATCH))
         if not entries:
             break
-        rows = []
-        for entry_id, fields in entries:
-            try:
-                data = msgspec.json.decode(fields[b"e"])
-                rows.append(
-                    ModerationEvent(
-                        event_id=entry_id.decode(),
-                        tenant_id=int(data["tenant_id"]),
-                        request_id=str(data["request_id"])[:64],
-                        where=data["where"],
-                        action=data["action"],
-                        categories=list(data.get("categories") or ()),
-                        rules=list(data.get("rules") or ()),
-                        failure=str(data.get("failure") or "")[:300],
-                        text=str(data.get("text") or "")[:4000],
-                        key_prefix=str(data.get("key_prefix") or "")[:32],
-                        created_at=datetime.fromtimestamp(float(data["at"]), tz=UTC),
-                    )
-                )
-            except (KeyError, TypeError, ValueError, msgspec.DecodeError):
-                log.error("moderation event unreadable, dropped: %r", fields)
-        tenants = set(
-            Tenant.objects.filter(pk__in={r.tenant_id for r in rows}).values_list("pk", flat=True)
-        )
-        ModerationEvent.objects.bulk_create(
-            [r for r in rows if r.tenant_id in tenants], ignore_conflicts=True
-        )
-        client.xdel(EVENTS_STREAM, *[entry_id for entry_id, _ in entries])
-        stored += len(rows)
+        stored += _events_store(client, entries)
     return stored
+
+
+class ModerationEventsDrain:
+    """The events' consumer in the drains process (``controlplane.drains``): a read that
+    blocks until a gateway records an event (``XREAD BLOCK`` after the last one it saw), so
+    events reach Postgres at once and an idle platform costs one read per block. Several
+    may run: what two of them read is stored once (the stream id is unique in the table)."""
+
+    name = "moderation-events"
+
+    def __init__(self) -> None:
+        self.last = "0-0"  # from the start: what is in the stream was not stored
+
+    def reset(self) -> None:
+        self.last = "0-0"
+
+    def step(self, block_seconds: float) -> int:
+        client = redis_blocking()
+        read = client.xread(
+            {EVENTS_STREAM: self.last}, count=FLUSH_BATCH, block=max(1, int(block_seconds * 1000))
+        )
+        if not read:
+            return 0
+        entries = cast(Entries, cast(list[Any], read)[0][1])
+        stored = _events_store(client, entries)
+        self.last = entries[-1][0].decode()
+        return stored
+
+
+def _events_store(client: redis.Redis, entries: Entries) -> int:
+    """Store ``entries`` (the unreadable ones logged and dropped), then delete them."""
+    rows = []
+    for entry_id, fields in entries:
+        try:
+            data = msgspec.json.decode(fields[b"e"])
+            rows.append(
+                ModerationEvent(
+                    event_id=entry_id.decode(),
+                    tenant_id=int(data["tenant_id"]),
+                    request_id=str(data["request_id"])[:64],
+                    where=data["where"],
+                    action=data["action"],
+                    categories=list(data.get("categories") or ()),
+                    rules=list(data.get("rules") or ()),
+                    failure=str(data.get("failure") or "")[:300],
+                    text=str(data.get("text") or "")[:4000],
+                    key_prefix=str(data.get("key_prefix") or "")[:32],
+                    created_at=datetime.fromtimestamp(float(data["at"]), tz=UTC),
+                )
+            )
+        except (KeyError, TypeError, ValueError, msgspec.DecodeError):
+            log.error("moderation event unreadable, dropped: %r", fields)
+    tenants = set(
+        Tenant.objects.filter(pk__in={r.tenant_id for r in rows}).values_list("pk", flat=True)
+    )
+    ModerationEvent.objects.bulk_create(
+        [r for r in rows if r.tenant_id in tenants], ignore_conflicts=True
+    )
+    client.xdel(EVENTS_STREAM, *[entry_id for entry_id, _ in entries])
+    return len(rows)

@@ -1,5 +1,5 @@
-"""A live Inferplane stack for tests: uvicorn (ASGI, N workers), a Celery worker and beat,
-against the test database, real Redis and real vLLM engines.
+"""A live Inferplane stack for tests: uvicorn (ASGI, N workers), a Celery worker and beat, the
+drains (``manage.py run_drains``), against the test database, real Redis and real vLLM engines.
 
 Tests that use one need ``transactional_db`` (``django_db(transaction=True)``): the live
 processes only see committed rows.
@@ -85,6 +85,7 @@ def stack_start(
     redis_url: str | None = None,
     name: str = "stack",
     celery: bool = True,
+    drains: int = 1,
     extra_env: dict[str, str] | None = None,
 ) -> Stack:
     port = free_port()
@@ -93,6 +94,9 @@ def stack_start(
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url or settings.REDIS_URL,
         "INFERPLANE_PROBE_INTERVAL_SECONDS": "2",
+        # The sweeper wakes work nobody does (a worker killed by a test) sooner than in
+        # production (15 s), so that the tests that kill one wait less.
+        "INFERPLANE_BATCH_SWEEP_SECONDS": "5",
         "INFERPLANE_ENGINE_API_KEY": ENGINE_API_KEY,
         "INFERPLANE_METRICS_TOKEN": METRICS_TOKEN,
         **(extra_env or {}),
@@ -133,6 +137,11 @@ def stack_start(
             ],
             env,
         )
+        for n in range(drains):
+            label = "drains" if n == 0 else f"drains-{n + 1}"
+            stack.processes[label] = _spawn(
+                f"{name}-{label}", [sys.executable, str(ROOT / "manage.py"), "run_drains"], env
+            )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for proc_name, process in stack.processes.items():

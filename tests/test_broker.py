@@ -18,15 +18,15 @@ import redis as redis_lib
 from kombu import Connection, Queue
 from kombu.message import Message
 
-from billing.spool import USAGE_STREAM
 from controlplane.celery import app
+from inference.catalog import CATALOG_KEY
 from tests.conftest import test_database_url
 from tests.engines import LOG_DIR
 from tests.live import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FLUSH = "billing.tasks.usage_spool_flush_task"  # what the beat sends every second
+PROBE = "inference.tasks.replicas_probe_all"  # what the beat sends (every 2 s in a test stack)
 BACKLOG = 300  # more than the worker's two processes keep up with: it always holds some
 # Without the transport's fix the worker died (or hung) in 2 of 3 runs of 8 restarts, each time
 # within 3: 16 leave it ~1% to slip through; with the fix every restart passes (~2 s each).
@@ -41,21 +41,21 @@ def test_the_worker_outlives_redis_restarts_in_the_middle_of_its_work(
     worker = stack.processes["worker"]
     broker = redis_lib.Redis.from_url(url)
 
-    def flushed() -> bool:
-        """A usage flush ran since this Redis started (it makes the spool's stream)."""
-        return bool(broker.exists(USAGE_STREAM))
+    def probed() -> bool:
+        """A probe round ran since this Redis started (it publishes the catalog)."""
+        return bool(broker.exists(CATALOG_KEY))
 
-    wait_for(flushed, timeout=60)
+    wait_for(probed, timeout=60)
     for _ in range(RESTARTS):
         with app.connection_for_write(url) as connection:
             for _ in range(BACKLOG):
-                app.send_task(FLUSH, connection=connection)
+                app.send_task(PROBE, connection=connection)
         wait_for(lambda: broker.llen("celery") < BACKLOG)  # it is taking them
         kill()
         start()  # empty: the backlog is gone, the worker's messages in hand with it
-        # The worker reconnects (2 s, then 4 s...) and runs the beat's next flush.
+        # The worker reconnects (2 s, then 4 s...) and runs the beat's next probe round.
         try:
-            wait_for(lambda: flushed() or worker.poll() is not None, timeout=60)
+            wait_for(lambda: probed() or worker.poll() is not None, timeout=60)
         except AssertionError:
             pytest.fail(f"the worker stopped working; where it is:\n{_stacks(worker.pid)}")
         assert worker.poll() is None, "the worker exited"

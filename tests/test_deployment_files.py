@@ -141,6 +141,7 @@ def test_compose_has_every_service() -> None:
         "worker-adapters",
         "worker-batch",
         "beat",
+        "drains",
         "vllm-online",
         "vllm-batch",
     }
@@ -179,7 +180,7 @@ def test_compose_engines_default_to_distinct_gpus() -> None:
 
 def test_compose_app_services_are_production_like() -> None:
     services = _compose()["services"]
-    for name in ("migrate", "web", "worker", "beat"):
+    for name in ("migrate", "web", "worker", "beat", "drains"):
         service = services[name]
         env = _env(service)
         assert env["INFERPLANE_ENV"] == "production", name
@@ -192,6 +193,7 @@ def test_compose_app_services_are_production_like() -> None:
     assert "scripts/web.sh" in _command(services["web"])
     assert "celery -A controlplane worker" in _command(services["worker"])
     assert "celery -A controlplane beat" in _command(services["beat"])
+    assert "manage.py run_drains" in _command(services["drains"])
     assert "manage.py migrate" in _command(services["migrate"])
 
 
@@ -204,7 +206,7 @@ def test_compose_start_order() -> None:
     web_deps = services["web"]["depends_on"]
     assert web_deps["migrate"]["condition"] == "service_completed_successfully"
     assert web_deps["redis"]["condition"] == "service_healthy"
-    for name in ("worker", "beat"):
+    for name in ("worker", "beat", "drains"):
         deps = services[name]["depends_on"]
         assert deps["migrate"]["condition"] == "service_completed_successfully", name
 
@@ -241,6 +243,26 @@ def test_every_celery_queue_has_a_worker_everywhere() -> None:
     assert queues <= procfile, queues - procfile
     assert queues <= compose, queues - compose
     assert queues <= k8s, queues - k8s
+
+
+def test_no_worker_announces_itself_every_two_seconds() -> None:
+    """Celery's event heartbeat and gossip cost Redis a PUBLISH per worker every 2 s, idle
+    (docs/scaling.md, "What an idle platform costs"); nothing here reads them."""
+    commands = [
+        line.partition(":")[2].split() for line in (ROOT / "Procfile").read_text().splitlines()
+    ]
+    commands += [
+        s["command"] for s in _compose()["services"].values() if isinstance(s.get("command"), list)
+    ]
+    for doc in _base_docs():
+        if doc["kind"] == "Deployment":
+            commands += [
+                c.get("command") or [] for c in doc["spec"]["template"]["spec"]["containers"]
+            ]
+    workers = [c for c in commands if "celery" in c and "worker" in c]
+    assert len(workers) == 9  # three workers, three ways to deploy them
+    for command in workers:
+        assert "--without-heartbeat" in command and "--without-gossip" in command, command
 
 
 def test_dockerfile_is_multi_stage_non_root_and_collects_static() -> None:
@@ -659,6 +681,17 @@ def test_the_drain_hook_is_bounded() -> None:
     assert "192.0.2.1 out of localhost" in result.stdout
     assert "requests running or waiting: 1.0" in result.stdout
     assert took < 10
+
+
+def test_the_drains_run_everywhere() -> None:
+    """Nothing else moves usage records into the ledger: a deployment without the drains
+    would serve requests and bill none of them."""
+    procfile = (ROOT / "Procfile").read_text()
+    assert re.search(r"^drains: python manage.py run_drains$", procfile, flags=re.M)
+    drains = _find(_base_docs(), "Deployment", "inferplane-drains")
+    (container,) = drains["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "manage.py", "run_drains"]
+    assert drains["spec"]["replicas"] >= 2  # a pod's restart never pauses the ledger
 
 
 def test_beat_is_a_singleton() -> None:

@@ -63,7 +63,7 @@ from redis.exceptions import RedisError
 from inference.catalog import pool_prefix
 from inference.gateway.errors import overloaded
 from inference.gateway.lua import Batch, Script
-from inference.gateway.redis import redis_async
+from inference.gateway.redis import LISTEN_IDLE_SECONDS, redis_async, redis_async_blocking
 from tenants.priority import DEFAULT_CLASS, PRIORITY_CLASSES
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,10 @@ class Admission:
     claimed: set[str] = field(default_factory=set)
     waiting: Counter[str] = field(default_factory=Counter)
     listeners: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # Pools whose listener is in a long wait (nobody was waiting when it began), and the
+    # tasks that release expired holds for the requests that came to wait meanwhile.
+    listening_idle: set[str] = field(default_factory=set)
+    tickers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     renewer: asyncio.Task[None] | None = None
     # rid -> set when the online pool takes back the room it lent the request (``borrow``)
     reclaimed: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -207,6 +211,8 @@ class Admission:
             if state == "granted":
                 granted = True
                 return replica
+            if pool in self.listening_idle:
+                self._tick_meanwhile(pool)
             try:
                 replica = str(await asyncio.wait_for(asyncio.shield(future), timeout=wait_seconds))
             except asyncio.CancelledError:
@@ -376,8 +382,17 @@ class Admission:
         key = base + "grants:" + self.proc
         while True:
             waiting = self.waiting[pool] > 0
+            # With requests waiting, a short wait, after which expired holds are released;
+            # otherwise a long one (a grant ends it at once: only its idle cost is at stake),
+            # and a request that comes to wait meanwhile has a ticker of its own.
+            if waiting:
+                self.listening_idle.discard(pool)
+            else:
+                self.listening_idle.add(pool)
             try:
-                item = await redis_async().blpop([key], timeout=TICK_SECONDS if waiting else 1)
+                item = await redis_async_blocking().blpop(
+                    [key], timeout=TICK_SECONDS if waiting else LISTEN_IDLE_SECONDS
+                )
                 if item is None and waiting:
                     # Nothing came: release held slots whose tenant did not return.
                     await TICK(keys=[base], args=self._args())
@@ -403,6 +418,20 @@ class Admission:
             else:  # nobody waits any more (left, timed out): give the slot back at once
                 with contextlib.suppress(RedisError):
                     await self.complete(pool=pool, rid=rid, adjustment=0)
+
+    def _tick_meanwhile(self, pool: str) -> None:
+        if pool not in self.tickers or self.tickers[pool].done():
+            self.tickers[pool] = asyncio.create_task(self._tick_while_listening_idle(pool))
+
+    async def _tick_while_listening_idle(self, pool: str) -> None:
+        """What the listener does between grants while requests wait, for as long as it is
+        in its long wait: release expired holds every TICK_SECONDS."""
+        base = pool_prefix(pool)
+        while self.waiting[pool] > 0 and pool in self.listening_idle:
+            await asyncio.sleep(TICK_SECONDS)
+            if self.waiting[pool] > 0 and pool in self.listening_idle:
+                with contextlib.suppress(RedisError):
+                    await TICK(keys=[base], args=self._args())
 
     async def _renew(self) -> None:
         while True:

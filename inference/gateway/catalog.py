@@ -113,7 +113,9 @@ class CatalogView:
             if data is None:
                 if raw is None:
                     log.info("serving catalog missing in Redis: publishing it from the database")
-                data = msgspec.structs.replace(await run_db(catalog_publish), adapters={})
+                # (forced: the snapshot it holds may be as new as ours and unreadable)
+                published = await run_db(catalog_publish, force=True)
+                data = msgspec.structs.replace(published, adapters={})
                 version = await redis_async().get(CATALOG_VERSION_KEY)
                 self._drop(None)
             self.data, self.version = data, version

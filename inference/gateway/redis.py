@@ -34,3 +34,27 @@ def redis_async() -> aioredis.Redis:
         )
         _clients[loop] = client
     return client
+
+
+# How long an admission listener with nobody waiting blocks on its grants list before it
+# looks again (``inference.gateway.admission``): its idle cost, one BLPOP per this long.
+LISTEN_IDLE_SECONDS = 30
+
+_blocking: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
+
+
+def redis_async_blocking() -> aioredis.Redis:
+    """For the admission listeners' blocking reads: a pool of its own whose socket outwaits
+    the longest block (``redis_async`` gives up after 5 s). No health-check PING before each
+    read: a dead connection shows as the read's own timeout."""
+    loop = asyncio.get_running_loop()
+    client = _blocking.get(loop)
+    if client is None:
+        client = aioredis.Redis.from_url(
+            settings.REDIS_URL,
+            socket_connect_timeout=2,
+            socket_timeout=LISTEN_IDLE_SECONDS + 5,
+            client_name=f"inferplane-gateway-{os.getpid()}",
+        )
+        _blocking[loop] = client
+    return client

@@ -401,7 +401,7 @@ def test_validation_runs_on_its_own_queue() -> None:
     router = celery_app.amqp.router
     assert router.route({}, adapter_validate_task.name)["queue"].name == "adapters"
     # Probes, metering and rollups stay on the default queue.
-    for task in ("inference.tasks.replicas_probe_all", "billing.tasks.usage_spool_flush_task"):
+    for task in ("inference.tasks.replicas_probe_all", "billing.tasks.daily_usage_refresh_task"):
         assert router.route({}, task)["queue"].name == "celery"
 
 

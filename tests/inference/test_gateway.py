@@ -242,7 +242,7 @@ def test_revocation_and_suspension_during_a_redis_hiccup_still_take_effect(
     world: World, settings: Any
 ) -> None:
     """The control plane cannot reach Redis at the moment a key is revoked and a tenant is
-    suspended: the invalidations wait in the database's outbox, and beat applies them as soon
+    suspended: the invalidations wait in the database's outbox, and the drains apply them as soon
     as Redis answers again. (Before, they were logged and lost: the revoked key kept working
     for as long as its cache entry lived, five minutes.)"""
     tenant, key = world.tenant()
@@ -257,7 +257,7 @@ def test_revocation_and_suspension_during_a_redis_hiccup_still_take_effect(
             api_key_revoke(api_key=ApiKey.objects.get(tenant=tenant), actor=None)
             tenant_update(tenant=suspended, actor=None, status="suspended")
             # In the outbox with the changes themselves. Counted before the commit: once
-            # committed, the stack's beat (whose Redis answers) may apply them at any moment
+            # committed, the stack's drains (whose Redis answers) may apply them at any moment
             # (a fresh-clone run counted 1 here, the other already applied).
             assert KeyCacheInvalidation.objects.count() == 2
     finally:
