@@ -36,6 +36,8 @@ def _spawn(
     name: str, args: list[str], env: dict[str, str] | None = None, cpus: str = ""
 ) -> subprocess.Popen[bytes]:
     LOGS.mkdir(parents=True, exist_ok=True)
+    if not args[0].endswith("engine.sh"):  # (engine.sh does the same itself)
+        args = [str(ROOT / "scripts" / "die-with.sh"), *args]
     if cpus:
         args = ["taskset", "-c", cpus, *args]
     with (LOGS / f"{name}.log").open("wb") as log:
@@ -46,7 +48,7 @@ def _spawn(
             # to them), whatever the shell it runs from has set.
             env={
                 **{k: v for k, v in os.environ.items() if k != "INFERPLANE_ENGINE_API_KEY"},
-                # An engine goes with the benchmark however it ends (scripts/engine.sh).
+                # Every process goes with the benchmark however it ends (scripts/die-with.sh).
                 "INFERPLANE_DIE_WITH_PID": str(os.getpid()),
                 **(env or {}),
             },

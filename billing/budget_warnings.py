@@ -29,6 +29,16 @@ class BudgetWarning:
     limit: int
 
 
+def budget_warnings_put_back(warnings: list[BudgetWarning]) -> None:
+    """Return notices taken but not written (the database was away) to the head of the
+    list, in their order: the next take gets them first."""
+    if warnings:
+        raw = [
+            f"{w.kind}|{w.scope}|{w.ident}|{w.month}|{w.used}|{w.limit}" for w in reversed(warnings)
+        ]
+        redis_sync().lpush(BUDGET_WARNINGS, *raw)
+
+
 def budget_warnings_take(
     max_items: int, *, block_seconds: float = 0
 ) -> tuple[list[BudgetWarning], list[bytes]]:

@@ -10,12 +10,12 @@ from typing import cast
 
 import msgspec
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 import contract
-from billing.budget_warnings import budget_warnings_take
+from billing.budget_warnings import BudgetWarning, budget_warnings_put_back, budget_warnings_take
 from billing.models import DailyUsage, Price, UsageRecord
 from billing.pricing import PriceBook
 from billing.selectors import ledger_sums
@@ -333,45 +333,54 @@ def budget_warnings_flush(*, max_items: int = 500, block_seconds: float = 0) -> 
     for raw in unreadable:
         log.error("malformed budget warning dropped: %r", raw)
     written = 0
-    for warning in warnings:
-        kind, month, used, limit = warning.kind, warning.month, warning.used, warning.limit
+    for i, warning in enumerate(warnings):
         try:
-            target: Tenant | ApiKey
-            if warning.scope == "t":
-                target = Tenant.objects.get(pk=warning.ident)
-                tenant = target
-            else:
-                target = ApiKey.objects.select_related("tenant").get(pk=warning.ident)
-                tenant = target.tenant
-        except (Tenant.DoesNotExist, ApiKey.DoesNotExist):
-            log.error("orphaned budget warning dropped: %r", warning)
-            continue
-        month_label = f"{month[:4]}-{month[4:]}"
-        seen = AuditEvent.objects.filter(
-            tenant=tenant,
-            action="budget.warning",
-            target_type=type(target).__name__.lower(),
-            target_id=str(target.pk),
-            details__kind=kind,
-            details__month=month_label,
-        )
-        if seen.exists():
-            continue
-        audit_record(
-            actor=None,
-            tenant=tenant,
-            action="budget.warning",
-            target=target,
-            details={
-                "kind": kind,  # "tokens" or "spend" (micro-dollars)
-                "month": month_label,
-                "used": used,
-                "limit": limit,
-                "percent": round(100 * used / limit, 1),
-            },
-        )
-        written += 1
+            written += _budget_warning_record(warning)
+        except (OperationalError, InterfaceError):  # the database is away: not lost
+            budget_warnings_put_back(warnings[i:])
+            raise
     return written
+
+
+def _budget_warning_record(warning: BudgetWarning) -> int:
+    """The warning's audit event, unless it is already there (1 if written)."""
+    kind, month, used, limit = warning.kind, warning.month, warning.used, warning.limit
+    try:
+        target: Tenant | ApiKey
+        if warning.scope == "t":
+            target = Tenant.objects.get(pk=warning.ident)
+            tenant = target
+        else:
+            target = ApiKey.objects.select_related("tenant").get(pk=warning.ident)
+            tenant = target.tenant
+    except (Tenant.DoesNotExist, ApiKey.DoesNotExist):
+        log.error("orphaned budget warning dropped: %r", warning)
+        return 0
+    month_label = f"{month[:4]}-{month[4:]}"
+    seen = AuditEvent.objects.filter(
+        tenant=tenant,
+        action="budget.warning",
+        target_type=type(target).__name__.lower(),
+        target_id=str(target.pk),
+        details__kind=kind,
+        details__month=month_label,
+    )
+    if seen.exists():
+        return 0
+    audit_record(
+        actor=None,
+        tenant=tenant,
+        action="budget.warning",
+        target=target,
+        details={
+            "kind": kind,  # "tokens" or "spend" (micro-dollars)
+            "month": month_label,
+            "used": used,
+            "limit": limit,
+            "percent": round(100 * used / limit, 1),
+        },
+    )
+    return 1
 
 
 class BudgetWarningsDrain:

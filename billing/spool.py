@@ -43,6 +43,7 @@ DEAD_LETTERS = "ip:usage:dead"
 LEGACY_SPOOL = "ip:usage:spool"
 FLUSH_BATCH = 10_000  # a commit (a WAL flush) per 10,000 records, not per 2,000
 FIELD = b"r"
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
 # What says the database is away (retry later), as opposed to a record it cannot take.
 OUTAGE_ERRORS = (OperationalError, InterfaceError)
 
@@ -179,22 +180,33 @@ ROLLUP_EVERY = 10.0
 
 class UsageDrain:
     """The spool's consumer in the drains process: blocks on the stream until records come
-    (``XREADGROUP BLOCK``), claims what a dead flusher left once per claim period, and rolls
-    up the days it wrote to."""
+    (``XREADGROUP BLOCK``), claims what a dead flusher left once per claim period (page
+    after page while there is more), and rolls up the days it wrote to. After an error (the
+    database away) it first takes again what it holds itself, so an outage leaves at most
+    one batch in its hands, whatever its length."""
 
     name = "usage"
 
     def __init__(self) -> None:
         self.prepared = False
+        self.own_first = True  # read what this consumer holds before anything new
         self.claimed_at = 0.0  # monotonic
+        self.claim_from = "0-0"  # where the next claim goes on looking (XAUTOCLAIM's cursor)
         self.pruned_at = 0.0
         self.rolled_at = 0.0
         self.dirty = False  # records moved since the last rollup
         self.moved = False  # the last step moved records (the next one lingers first)
 
     def reset(self) -> None:
-        """After an error (Redis restarted empty: the group is gone)."""
+        """After an error (the database away, or Redis restarted empty: no group)."""
         self.prepared = False
+        self.own_first = True
+
+    def _read(self, client: redis.Redis, since: str, block_ms: int | None) -> Entries:
+        read = client.xreadgroup(
+            USAGE_GROUP, _consumer(), {USAGE_STREAM: since}, count=FLUSH_BATCH, block=block_ms
+        )
+        return cast(list[Any], read)[0][1] if read else []
 
     def step(self, block_seconds: float) -> int:
         from billing.services import daily_usage_refresh_stale
@@ -204,7 +216,7 @@ class UsageDrain:
             time.sleep(LINGER)
         now = time.monotonic()
         if not self.prepared:
-            _prepare(client)
+            _ensure_group(client)
             # In the group from now on (a blocked read alone does not make it a consumer):
             # what it takes and never acknowledges is seen, and claimed, by the others.
             client.xgroup_createconsumer(USAGE_STREAM, USAGE_GROUP, _consumer())
@@ -212,31 +224,33 @@ class UsageDrain:
         if now - self.pruned_at >= 3600:
             _prune_consumers(client)
             self.pruned_at = now
-        entries: list[tuple[bytes, dict[bytes, bytes]]] = []
+        entries: Entries = []
+        if self.own_first:
+            entries = [e for e in self._read(client, "0", None) if e and e[1]]
+            self.own_first = bool(entries)
         claim_every = settings.INFERPLANE_USAGE_CLAIM_IDLE_SECONDS
-        if now - self.claimed_at >= claim_every:
-            self.claimed_at = now
-            claimed = client.xautoclaim(
+        if not entries and now - self.claimed_at >= claim_every:
+            # (and the legacy list, which a gateway of a version before the stream may
+            # still be filling during an upgrade)
+            while client.eval(_MIGRATE, 2, LEGACY_SPOOL, USAGE_STREAM, FLUSH_BATCH):
+                pass
+            cursor, claimed = client.xautoclaim(
                 USAGE_STREAM,
                 USAGE_GROUP,
                 _consumer(),
                 min_idle_time=claim_every * 1000,
+                start_id=self.claim_from,
                 count=FLUSH_BATCH,
-            )
-            entries = [e for e in claimed[1] if e and e[1]]
+            )[:2]
+            entries = [e for e in claimed if e and e[1]]
+            self.claim_from = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+            if self.claim_from == "0-0":  # the whole group was looked at: wait a period
+                self.claimed_at = now
         if not entries:
             block = block_seconds
             if self.dirty:  # wake in time for the rollup that is due
                 block = max(0.01, min(block, self.rolled_at + ROLLUP_EVERY - now))
-            read = client.xreadgroup(
-                USAGE_GROUP,
-                _consumer(),
-                {USAGE_STREAM: ">"},
-                count=FLUSH_BATCH,
-                block=max(1, int(block * 1000)),
-            )
-            if read:
-                entries = cast(list[Any], read)[0][1]
+            entries = self._read(client, ">", max(1, int(block * 1000)))
         moved = _move(client, entries) if entries else 0
         self.moved = moved > 0
         self.dirty = self.dirty or moved > 0

@@ -24,9 +24,11 @@ def replicas_probe_all() -> None:
             log.exception("discovery of pool %s failed", pool.name)
     # Replicas whose address vanished are leaving: nothing to learn from probing them.
     round_ = ProbeRound.begin()
-    for replica in replica_list().filter(vanished_at__isnull=True):
-        replica_probe(replica=replica, round_=round_)
-    round_.end()
+    try:
+        for replica in replica_list().filter(vanished_at__isnull=True):
+            replica_probe(replica=replica, round_=round_)
+    finally:
+        round_.end()
     catalog_publish()
 
 

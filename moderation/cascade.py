@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from contract import CatalogModel, CatalogPool
 from fleet.models import Replica
 from inference.engine_auth import engine_auth_headers
-from inference.gateway.admission import W_IN, Admission, CatalogMissing, admission
+from inference.gateway.admission import DEFAULT_BAND, W_IN, Admission, CatalogMissing, admission
 from inference.gateway.catalog import catalog_view
 from inference.gateway.errors import ApiError
 from inference.gateway.upstream import TRANSPORT_ERRORS, engine_session
@@ -49,6 +49,10 @@ class GuardUse:
     pool: str = ""
     replica: str = ""
     weight: int = 1  # the tenant's fair-share weight, for the guard pool's admission
+    # The band its checks are admitted in on the guard pool: the request's own (an
+    # interactive request's check does not wait behind standard ones; a batch line's waits
+    # behind every online request's).
+    band: int = DEFAULT_BAND
 
 
 # A guard call waits for its tenant's turn on the guard pool (the gateway's fair admission)
@@ -310,6 +314,7 @@ class Cascade:
                 wait_seconds=ADMISSION_WAIT_SECONDS,
                 limit_keys=(),
                 sequences=len(pieces),  # each piece is a sequence on the engine
+                band=use.band,
             )
         except (ApiError, CatalogMissing) as exc:
             raise GuardFailed("no guard replica free in time") from exc

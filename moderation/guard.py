@@ -52,6 +52,7 @@ from moderation.policy import SEVERITY, PolicySpec, Snapshot, snapshot_decoder, 
 from moderation.publishing import CHANNEL, POLICIES_KEY, VERSION_KEY, policies_publish
 from moderation.rules import mask
 from moderation.services import EVENTS_STREAM
+from tenants.priority import band
 
 log = logging.getLogger(__name__)
 
@@ -400,7 +401,8 @@ class Guarded:
         self.show = False  # a flag fired: the answer carries the moderation object
         self.output_action: str | None = None  # the strongest output event recorded
         self.checks: list[asyncio.Task[tuple[int, str, Assessment]]] = []
-        self.use = GuardUse(weight=key.weight)  # what the guard's engines counted for it
+        # what the guard's engines counted for it; its checks in the request's band
+        self.use = GuardUse(weight=key.weight, band=band(parsed.priority))
         self.started_at = datetime.now(UTC)
         spec = self.spec
         self.hold = spec.output_mode == "hold"

@@ -146,8 +146,14 @@ class ModerationEventsDrain:
 
     name = "moderation-events"
 
+    # Every this many empty reads, a look at the stream's length: events it holds that the
+    # reads do not return (ids below the last seen: a Redis restarted with its clock behind)
+    # are read again from the start.
+    LOOK_EVERY = 6
+
     def __init__(self) -> None:
         self.last = "0-0"  # from the start: what is in the stream was not stored
+        self.empty = 0
 
     def reset(self) -> None:
         self.last = "0-0"
@@ -158,6 +164,9 @@ class ModerationEventsDrain:
             {EVENTS_STREAM: self.last}, count=FLUSH_BATCH, block=max(1, int(block_seconds * 1000))
         )
         if not read:
+            self.empty += 1
+            if self.empty % self.LOOK_EVERY == 0 and client.xlen(EVENTS_STREAM):
+                self.last = "0-0"
             return 0
         entries = cast(Entries, cast(list[Any], read)[0][1])
         stored = _events_store(client, entries)

@@ -31,6 +31,7 @@ from moderation.categories import CATEGORIES
 from moderation.guard import MODEL_NAME, guard_cost, moderation_checked, policy_view
 from moderation.policy import CategoryRule, PolicySpec
 from moderation.services import DEFAULT_THRESHOLD
+from tenants.priority import band
 
 MAX_INPUTS = 32
 GUARD_SECONDS = 10.0  # what /v1/moderations gives a guard model it names
@@ -138,7 +139,8 @@ class ModerationsConsumer(GatewayHttpConsumer):
             )
             cascade = Cascade(key.tenant_id, only_guard)
         rid = self.rid
-        use = GuardUse(weight=key.weight)  # the guard's tokens, as its engines count them
+        # the guard's tokens, as its engines count them; checked in the key's band
+        use = GuardUse(weight=key.weight, band=band(key.priority))
         grant = await limits.acquire(key, rid=rid, estimate=0)
         self.ran = True  # metered from here on, whatever happens
         status = "error"

@@ -37,20 +37,10 @@ export VLLM_HTTP_TIMEOUT_KEEP_ALIVE="${VLLM_HTTP_TIMEOUT_KEEP_ALIVE:-75}"
 # other member). A terminal's session is shared with the person's shell, so it is left alone
 # there (start it with `setsid scripts/engine.sh PORT` to get the same). The process itself
 # also runs at nice ENGINE_NICE, which is what counts where autogroups are off or shared.
-# INFERPLANE_DIE_WITH_PID (the test suite and the benchmarks set it to their own pid): the
-# engine stops when that process is gone. A run killed before its teardown otherwise leaves an
-# engine holding ~2.4 GB; one such engine once ran a CI machine out of memory. The watcher
-# ends the engine's whole process group (vLLM's children with it), TERM then KILL.
-if [[ -n "${INFERPLANE_DIE_WITH_PID:-}" ]]; then
-  group="$(ps -o pgid= -p $$ | tr -d ' ')"
-  (
-    trap '' TERM
-    while kill -0 "$INFERPLANE_DIE_WITH_PID" 2>/dev/null; do sleep 2; done
-    kill -TERM -- "-$group" 2>/dev/null
-    sleep 15
-    kill -KILL -- "-$group" 2>/dev/null
-  ) </dev/null &
-fi
+# INFERPLANE_DIE_WITH_PID (set by the test suite and the benchmarks): the engine goes with
+# the run that started it (scripts/die-with.sh).
+# shellcheck source=die-with.sh
+source "$here/die-with.sh"
 nice_level="${ENGINE_NICE:-10}"
 sid="$(ps -o sid= -p $$ | tr -d ' ')"
 tty="$(ps -o tty= -p $$ | tr -d ' ')"

@@ -71,6 +71,10 @@ def logs_mark() -> None:
 
 def _spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
+    # Each process goes with this run however it ends (a run killed before its teardown left
+    # stacks behind), and keeps its own pid (the wrapper execs it): scripts/die-with.sh.
+    args = [str(ROOT / "scripts" / "die-with.sh"), *args]
+    env = {**env, "INFERPLANE_DIE_WITH_PID": str(os.getpid())}
     with (LOG_DIR / f"{name}.log").open("ab") as log:
         SPAWNED_LOGS[LOG_DIR / f"{name}.log"] = log.tell()
         return subprocess.Popen(

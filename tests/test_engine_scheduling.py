@@ -24,6 +24,7 @@ import pytest
 
 from devkit.engines import engine_command
 from tests.engines import ROOT, engine_popen, free_port
+from tests.live import wait_for
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -169,3 +170,59 @@ def test_an_engine_goes_with_the_run_that_started_it(
     run.kill()
     run.wait()
     assert _gone(engine), "the engine outlived the run that started it"
+
+
+def test_a_stack_process_goes_with_the_run_that_started_it_and_its_watcher_with_it() -> None:
+    """The web, workers and drains a test stack starts are wrapped the same way
+    (``scripts/die-with.sh``): the command keeps the wrapper's pid (signals and ``poll`` reach
+    it), its whole group goes once the run that started it is gone, and a command that ends
+    by itself leaves no watcher behind."""
+    wrapper = str(ROOT / "scripts" / "die-with.sh")
+    run = subprocess.Popen(["sleep", "600"])  # the run that starts the stack
+    env = {**os.environ, "INFERPLANE_DIE_WITH_PID": str(run.pid)}
+    # A process with a child of its own, as uvicorn's and Celery's are.
+    process = subprocess.Popen(
+        [wrapper, "sh", "-c", "sleep 600 & wait"], env=env, start_new_session=True
+    )
+    try:
+
+        def children() -> list[int]:
+            return [p for p in _group_members(process.pid) if _cmdline(p) == b"sleep\x00600\x00"]
+
+        child = wait_for(children, timeout=10, every=0.05)
+        assert _cmdline(process.pid).startswith(b"sh\0")
+        run.kill()
+        run.wait()
+        assert _gone(process.pid), "the process outlived the run that started it"
+        assert _gone(child[0]), "its child outlived the run"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    # A command that ends by itself takes its watcher along.
+    alive = subprocess.Popen(["sleep", "600"])
+    try:
+        env = {**os.environ, "INFERPLANE_DIE_WITH_PID": str(alive.pid)}
+        quick = subprocess.Popen([wrapper, "true"], env=env, start_new_session=True)
+        quick.wait(timeout=10)
+        assert all(_gone(pid, timeout=10) for pid in _group_members(quick.pid))
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                members.append(int(stat.parent.name))
+    return members

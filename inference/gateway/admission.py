@@ -390,9 +390,12 @@ class Admission:
             else:
                 self.listening_idle.add(pool)
             try:
-                item = await redis_async_blocking().blpop(
-                    [key], timeout=TICK_SECONDS if waiting else LISTEN_IDLE_SECONDS
-                )
+                # (the long wait on a client whose socket outwaits it; the short one on the
+                # shared client, which gives up on a dead connection within seconds)
+                if waiting:
+                    item = await redis_async().blpop([key], timeout=TICK_SECONDS)
+                else:
+                    item = await redis_async_blocking().blpop([key], timeout=LISTEN_IDLE_SECONDS)
                 if item is None and waiting:
                     # Nothing came: release held slots whose tenant did not return.
                     await TICK(keys=[base], args=self._args())

@@ -113,8 +113,8 @@ class CatalogView:
             if data is None:
                 if raw is None:
                     log.info("serving catalog missing in Redis: publishing it from the database")
-                # (forced: the snapshot it holds may be as new as ours and unreadable)
-                published = await run_db(catalog_publish, force=True)
+                # (forced when unreadable: the snapshot may be as new as ours)
+                published = await run_db(catalog_publish, force=raw is not None)
                 data = msgspec.structs.replace(published, adapters={})
                 version = await redis_async().get(CATALOG_VERSION_KEY)
                 self._drop(None)

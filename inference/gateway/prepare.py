@@ -156,7 +156,7 @@ async def prepare(
     view = catalog_view()
     catalog = await view.for_tenant(key.tenant_id)
     pool_name, found, adapter = _resolve(catalog, parsed.model, key, pool, endpoint)
-    priority = request_class(key, parsed.body.get("service_tier"), mode=mode)
+    priority = parsed.priority = request_class(key, parsed.body.get("service_tier"), mode=mode)
     model = found.model
     pool_info = catalog.pools[pool_name]
     lender = catalog.pools.get(lend) if lend is not None else None

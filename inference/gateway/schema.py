@@ -16,6 +16,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from inference.gateway.errors import ApiError, invalid_request
+from tenants.priority import DEFAULT_CLASS
 
 PosInt = Annotated[StrictInt, Field(ge=1, le=10_000_000)]
 # Prompts in one /v1/completions request. Every prompt x n is a sequence the engine runs at
@@ -181,6 +182,9 @@ class ParsedRequest:
     # The public endpoint the request came by, when it is not ``endpoint`` (a Responses API
     # request runs as a chat completion): the ledger's and the metrics' label.
     surface: str = ""
+    # The priority class it runs in (``gateway.priority``; set by ``prepare``): its guard's
+    # checks are admitted in its band on the guard pool too.
+    priority: str = DEFAULT_CLASS
 
     @property
     def label(self) -> str:

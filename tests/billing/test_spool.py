@@ -27,6 +27,7 @@ from billing.spool import (
     LEGACY_SPOOL,
     USAGE_GROUP,
     USAGE_STREAM,
+    UsageDrain,
     spool_length,
     spool_push,
     usage_spool_flush,
@@ -114,6 +115,38 @@ def test_a_failed_insert_loses_nothing_and_is_retried(
     wait_for(lambda: usage_spool_flush() == 3, timeout=10, every=0.3)
     assert UsageRecord.objects.count() == 3
     assert spool_length() == 0
+
+
+def test_a_drain_takes_what_it_holds_again_first_after_a_failed_insert(
+    records: Any, ledger_locked: Any, settings: Any
+) -> None:
+    """The drains process's consumer, its insert refused (the ledger locked past a statement
+    timeout): the records stay its own, unacknowledged, and its next step after the error
+    takes them again at once, before anything new and long before another consumer's claim
+    (30 s) could; so an outage leaves one batch in its hands, not one per retry."""
+    settings.INFERPLANE_USAGE_CLAIM_IDLE_SECONDS = 30
+    tenant, key = records
+    drain = UsageDrain()
+    assert drain.step(0.05) == 0  # in the group, nothing spooled yet
+    first = _records(tenant, key, 3)
+    spool_push(*first)
+    with connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = 300")
+    with pytest.raises(OperationalError):
+        drain.step(0.05)
+    drain.reset()  # what the drains' loop does after an error
+    ledger_locked.commit()  # the database takes writes again
+    with connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = 0")
+    later = _records(tenant, key, 2)
+    spool_push(*later)
+    assert drain.step(0.05) == 3  # its own three first
+    assert drain.step(0.05) == 2
+    assert set(UsageRecord.objects.values_list("request_id", flat=True)) == {
+        r.request_id for r in first + later
+    }
+    assert spool_length() == 0
+    assert redis_sync().xpending(USAGE_STREAM, USAGE_GROUP)["pending"] == 0
 
 
 def test_a_record_the_ledger_refuses_is_kept_aside_and_blocks_nobody(records: Any) -> None:

@@ -28,6 +28,8 @@ from moderation.models import ModerationEvent
 from moderation.policy import PolicyInvalid
 from moderation.services import moderation_events_flush, moderation_policy_set
 from tenants.models import Tenant
+from tenants.priority import PRIORITY_CLASSES
+from tenants.services import tenant_update
 from tests.batches.test_batches import _client as batch_client
 from tests.batches.test_batches import _content as batch_content
 from tests.batches.test_batches import _create as batch_create
@@ -321,12 +323,14 @@ def test_guard_calls_wait_their_tenants_turn_in_the_guard_pools_admission(
 ) -> None:
     """With the guard pool full (one slot, held by a call of one tenant's that its stopped
     engine does not answer), another tenant's call waits in the pool's fair admission, in a
-    queue of its own, instead of piling onto the engine; once the engine answers, every call
-    gets its own verdict."""
+    queue of its own (in its own priority band: an interactive tenant's check does not wait
+    behind standard ones), instead of piling onto the engine; once the engine answers, every
+    call gets its own verdict."""
     Pool.objects.filter(name="guard").update(max_inflight=1)
     catalog_publish()
     time.sleep(1.1)  # the catalog's promise: every web process has it within a second
     (busy, busy_key), (other, other_key) = guarded.tenant(), guarded.tenant()
+    tenant_update(tenant=other, actor=None, priority_class="interactive")
     prefix = pool_prefix("guard")
     redis = redis_sync()
     results: dict[str, Any] = {}
@@ -343,8 +347,10 @@ def test_guard_calls_wait_their_tenants_turn_in_the_guard_pools_admission(
         wait_for(lambda: redis.hget(prefix + "active", str(busy.pk)) == b"1", timeout=10)
         threads.append(threading.Thread(target=ask, args=("other", other_key, "a fox")))
         threads[-1].start()
-        # Guard calls wait in the default priority band (docs/priority.md).
-        wait_for(lambda: redis.llen(f"{prefix}q:{DEFAULT_BAND}:{other.pk}") == 1, timeout=10)
+        # Guard calls wait in their request's priority band (docs/priority.md).
+        interactive = PRIORITY_CLASSES.index("interactive")
+        assert interactive != DEFAULT_BAND
+        wait_for(lambda: redis.llen(f"{prefix}q:{interactive}:{other.pk}") == 1, timeout=10)
         assert redis.hget(prefix + "active", str(other.pk)) in (None, b"0")
     finally:
         os.killpg(guard_engine.process.pid, signal.SIGCONT)
