@@ -29,6 +29,7 @@ from django.db import close_old_connections
 
 from billing.services import BudgetWarningsDrain
 from billing.spool import UsageDrain
+from controlplane.redis import redis_blocking
 from inference.keycache import KeyCacheOutboxDrain
 from moderation.services import ModerationEventsDrain
 
@@ -45,8 +46,13 @@ class Drain(Protocol):
     def reset(self) -> None: ...
 
 
-def drains_all() -> list[Drain]:
-    return [UsageDrain(), ModerationEventsDrain(), BudgetWarningsDrain(), KeyCacheOutboxDrain()]
+def drains_all(stop: threading.Event) -> list[Drain]:
+    return [
+        UsageDrain(),
+        ModerationEventsDrain(),
+        BudgetWarningsDrain(),
+        KeyCacheOutboxDrain(stop),
+    ]
 
 
 def drain_loop(drain: Drain, stop: threading.Event) -> None:
@@ -61,6 +67,8 @@ def drain_loop(drain: Drain, stop: threading.Event) -> None:
                 log.info("drain %s works again", drain.name)
             backoff, failing = 0.5, False
         except Exception as exc:
+            if stop.is_set():  # its blocked read was cut short (``drains_run``)
+                return
             # The whole story once, then a line per retry while it lasts (an outage).
             log.warning(
                 "drain %s failed; retrying in %.1f s: %s",
@@ -75,8 +83,9 @@ def drain_loop(drain: Drain, stop: threading.Event) -> None:
             backoff = min(backoff * 2, BACKOFF_MAX)
 
 
-# On stop, how long the drains have to finish what they hold (a thread blocked waiting for
-# work holds nothing; what one does not finish is done again by the next drain).
+# On stop, how long the drains have to finish what they hold (what one does not finish is
+# done again by the next drain). A drain blocked waiting for work holds nothing: its read is
+# cut short at once.
 STOP_GRACE = 2.0
 
 
@@ -91,6 +100,7 @@ def drains_run(drains: Sequence[Drain], stop: threading.Event) -> None:
     log.info("drains running: %s", ", ".join(d.name for d in drains))
     while not stop.wait(1):  # (a wait without a timeout would not hear signals everywhere)
         pass
+    redis_blocking().connection_pool.disconnect()  # every blocked read ends now
     deadline = time.monotonic() + STOP_GRACE
     for thread in threads:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -13,7 +13,7 @@ second, so a revoked key stops working everywhere within a second.
 from __future__ import annotations
 
 import logging
-import time
+import threading
 
 import redis
 from django.db import transaction
@@ -90,11 +90,15 @@ class KeyCacheOutboxDrain:
 
     name = "key-cache-outbox"
 
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self.stop = stop or threading.Event()  # its wait ends with the drains process
+
     def reset(self) -> None:
         pass
 
     def step(self, block_seconds: float) -> int:
-        time.sleep(min(block_seconds, OUTBOX_EVERY))
+        if self.stop.wait(min(block_seconds, OUTBOX_EVERY)):
+            return 0
         if not KeyCacheInvalidation.objects.exists():
             return 0
         return keycache_outbox_flush()

@@ -22,4 +22,4 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        drains_run(drains_all(), stop)
+        drains_run(drains_all(stop), stop)
