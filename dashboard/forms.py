@@ -358,6 +358,24 @@ class ReplicaAddForm(forms.Form):
     name = forms.CharField(max_length=64, required=False, label="Name (blank: <pool>-<n>)")
 
 
+class BlankIsZeroPercent(forms.DecimalField):
+    """A percentage, 0 when left blank (a class's surcharge or discount on a price)."""
+
+    def __init__(self, *, label: str, max_value: int | None = 100) -> None:
+        super().__init__(
+            required=False,
+            min_value=0,
+            max_value=max_value,
+            max_digits=5,
+            decimal_places=2,
+            initial=0,
+            label=label,
+        )
+
+    def clean(self, value: Any) -> Decimal:
+        return super().clean(value) or Decimal(0)
+
+
 class PriceForm(forms.Form):
     """A price as the operator adds it (``billing.services.price_set``, as ``set_price``):
     dollars per 1M tokens, in force from now or a later moment."""
@@ -380,29 +398,10 @@ class PriceForm(forms.Form):
     batch_discount_percent = forms.DecimalField(
         min_value=0, max_value=100, decimal_places=2, initial=0, label="Batch discount %"
     )
-    interactive_surcharge_percent = forms.DecimalField(
-        required=False,
-        min_value=0,
-        max_digits=5,
-        decimal_places=2,
-        initial=0,
-        label="Interactive surcharge % (blank: 0)",
+    interactive_surcharge_percent = BlankIsZeroPercent(
+        max_value=None, label="Interactive surcharge % (blank: 0)"
     )
-    background_discount_percent = forms.DecimalField(
-        required=False,
-        min_value=0,
-        max_value=100,
-        decimal_places=2,
-        initial=0,
-        label="Background discount % (blank: 0)",
-    )
-
-    def clean_interactive_surcharge_percent(self) -> Decimal:
-        return self.cleaned_data["interactive_surcharge_percent"] or Decimal(0)
-
-    def clean_background_discount_percent(self) -> Decimal:
-        return self.cleaned_data["background_discount_percent"] or Decimal(0)
-
+    background_discount_percent = BlankIsZeroPercent(label="Background discount % (blank: 0)")
     effective_from = forms.DateTimeField(
         required=False, label="From (UTC, blank: now)", help_text="2026-12-01 00:00"
     )

@@ -808,6 +808,20 @@ def test_the_operator_reads_and_adds_to_the_price_book_by_the_service_s_rules(
     contract = {**body, "tenant": "acme", "batch_discount_percent": "0"}
     assert staff.post("/app/ops/prices/", contract).status_code == 302
     assert Price.objects.get(tenant=people.tenant).input_per_mtok == Decimal("0.15")
+    # The classes' percentages: blank is 0 (above); a surcharge may pass 100%, a discount not.
+    classes = {
+        **contract,
+        "interactive_surcharge_percent": "150",
+        "background_discount_percent": "20",
+    }
+    assert staff.post("/app/ops/prices/", classes).status_code == 302
+    latest = Price.objects.filter(tenant=people.tenant).latest("pk")
+    assert (latest.interactive_surcharge_percent, latest.background_discount_percent) == (
+        Decimal(150),
+        Decimal(20),
+    )
+    over = staff.post("/app/ops/prices/", {**classes, "background_discount_percent": "101"})
+    assert over.status_code == 400
 
     # The past is never repriced; an unknown tenant or model is named; nothing is added.
     past = staff.post(
@@ -818,7 +832,7 @@ def test_the_operator_reads_and_adds_to_the_price_book_by_the_service_s_rules(
     nobody = staff.post("/app/ops/prices/", {**contract, "tenant": "nobody"})
     assert nobody.status_code == 400 and "No tenant with slug" in nobody.content.decode()
     assert staff.post("/app/ops/prices/", {**contract, "model": "nope"}).status_code == 400
-    assert Price.objects.count() == 2
+    assert Price.objects.count() == 3
     assert browser(people.owner).get("/app/ops/prices/").status_code == 404
 
 
