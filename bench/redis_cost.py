@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import threading
 import time
 from pathlib import Path
@@ -79,8 +80,6 @@ def _table(counts: collections.Counter[tuple[str, str]], per: float, unit: str) 
 
 
 def main() -> None:
-    import os
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--key-file", default=str(ROOT / "var" / "demo-api-key"))
