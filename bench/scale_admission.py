@@ -395,7 +395,7 @@ async def _limits_phase(tenants: int, redis_url: str, seconds: float) -> dict[st
     from inference.gateway.limits import ACQUIRE, RELEASE, _month, _scopes, _seconds_to_next_month
     from inference.gateway.limits import acquire as limits_acquire
     from inference.gateway.lua import Batch
-    from tenants.keys import LAST_USED_KEY
+    from tenants.keys import last_used_key
 
     admin = redis.Redis.from_url(redis_url)
     admin.flushdb()
@@ -463,7 +463,7 @@ async def _limits_phase(tenants: int, redis_url: str, seconds: float) -> dict[st
         redis_side = server.end(script_calls=2 * cycles, events=cycles)
         acq, rel = list(acquire_s), list(release_s)
         wanted = {ACQUIRE.sha.encode(): "acquire", RELEASE.sha.encode(): "release"}
-        mine = b"ip:rl:t:" + str(LIMIT_TENANT0)[:3].encode()
+        mine = b"ip:rl:{t:" + str(LIMIT_TENANT0)[:3].encode()
 
         def ours(parts: list[bytes]) -> str | None:
             if len(parts) > 3 and parts[0].lower() == b"evalsha" and parts[3].startswith(mine):
@@ -472,7 +472,10 @@ async def _limits_phase(tenants: int, redis_url: str, seconds: float) -> dict[st
 
         sampled = await _slowlog(redis_url, seconds / 2, ours)
         dbsize = int(admin.dbsize())
-        stamped = int(admin.hlen(LAST_USED_KEY))  # every key's last use: one hash
+        counting = admin.pipeline(transaction=False)  # every key's last use: a hash per tenant
+        for key in keys:
+            counting.hlen(last_used_key(key.tenant_id))
+        stamped = sum(int(n) for n in counting.execute())
     finally:
         state["stop"] = True
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -31,7 +31,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from contract import UsageRecord, encode, usage_decoder
-from controlplane.redis import redis_blocking, redis_sync
+from controlplane.redis import redis_blocking, redis_sync, state_is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ USAGE_STREAM = "ip:usage:stream"
 USAGE_GROUP = "ledger"
 DEAD_LETTERS = "ip:usage:dead"
 # Before the stream, the spool was a list: drained into the stream by every flush, so records
-# a gateway of the previous version spooled during an upgrade still reach the ledger.
+# a gateway of the previous version spooled during an upgrade still reach the ledger. (Not
+# on a Redis Cluster, which no version before the stream ran on: the two keys' slots differ.)
 LEGACY_SPOOL = "ip:usage:spool"
 FLUSH_BATCH = 10_000  # a commit (a WAL flush) per 10,000 records, not per 2,000
 FIELD = b"r"
@@ -150,6 +151,12 @@ def _move(client: redis.Redis, entries: list[tuple[bytes, dict[bytes, bytes]]]) 
 def _prepare(client: redis.Redis) -> None:
     """The group exists, and the legacy list is in the stream."""
     _ensure_group(client)
+    _migrate_legacy(client)
+
+
+def _migrate_legacy(client: redis.Redis) -> None:
+    if state_is_cluster():
+        return
     while client.eval(_MIGRATE, 2, LEGACY_SPOOL, USAGE_STREAM, FLUSH_BATCH):
         pass
 
@@ -232,8 +239,7 @@ class UsageDrain:
         if not entries and now - self.claimed_at >= claim_every:
             # (and the legacy list, which a gateway of a version before the stream may
             # still be filling during an upgrade)
-            while client.eval(_MIGRATE, 2, LEGACY_SPOOL, USAGE_STREAM, FLUSH_BATCH):
-                pass
+            _migrate_legacy(client)
             cursor, claimed = client.xautoclaim(
                 USAGE_STREAM,
                 USAGE_GROUP,

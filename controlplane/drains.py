@@ -29,7 +29,7 @@ from django.db import close_old_connections
 
 from billing.services import BudgetWarningsDrain
 from billing.spool import UsageDrain
-from controlplane.redis import redis_blocking
+from controlplane.redis import disconnect, redis_blocking
 from inference.keycache import KeyCacheOutboxDrain
 from moderation.services import ModerationEventsDrain
 
@@ -100,7 +100,7 @@ def drains_run(drains: Sequence[Drain], stop: threading.Event) -> None:
     log.info("drains running: %s", ", ".join(d.name for d in drains))
     while not stop.wait(1):  # (a wait without a timeout would not hear signals everywhere)
         pass
-    redis_blocking().connection_pool.disconnect()  # every blocked read ends now
+    disconnect(redis_blocking())  # every blocked read ends now
     deadline = time.monotonic() + STOP_GRACE
     for thread in threads:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))

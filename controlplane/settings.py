@@ -146,6 +146,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["CONN_MAX_AGE"] = 0
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# The data plane's state (admission, limits, keys, catalog, usage spool, response cache,
+# moderation policies): REDIS_URL's Redis by default. ``redis+cluster://host:port`` (or
+# ``rediss+cluster://``) names a Redis Cluster by one of its nodes: every key there carries the
+# hash tag of what it belongs to (docs/scaling.md). Celery's broker and Channels stay on
+# REDIS_URL: neither runs on a cluster.
+STATE_REDIS_URL = env_str("STATE_REDIS_URL", REDIS_URL)
+if STATE_REDIS_URL.partition("://")[0] not in (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+):
+    raise ImproperlyConfigured(
+        "STATE_REDIS_URL must be redis://, rediss://, unix://, redis+cluster:// or "
+        f"rediss+cluster://, not {STATE_REDIS_URL.partition('://')[0]}://"
+    )
 
 CACHES = {
     "default": {

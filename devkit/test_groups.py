@@ -2,15 +2,18 @@
 
 Most of the suite's wall time is spent waiting: on an engine starting, on a Celery worker, on
 a stream. One pytest at a time left the machine's two cores idle three quarters of the time,
-so the suite runs as three pytest processes at once, each a world of its own:
+so the suite runs as four pytest processes at once, each a world of its own:
 
 - ``quick``: the tests that need neither an engine, a live stack nor a browser;
 - ``inference``: the engine and stack tests under ``tests/inference`` (the gateway);
 - ``platform``: every other engine, stack and browser test (batches, moderation, adapters,
-  billing, the dashboard).
+  billing, the dashboard);
+- ``cluster``: the tests of what the data plane keeps in Redis (admission, limits, the
+  catalog, the usage spool, …) again, with that state on a real Redis Cluster.
 
-The three are a partition of the suite by construction (the first by the marks, the other two
-by folder), and never share state: each has its own test database (``test_<name>_<group>``),
+The first three are a partition of the suite by construction (the first by the marks, the
+other two by folder); no group shares state with another: each has its own test database
+(``test_<name>_<group>``),
 its own Redis database (and so its own Celery broker: a stack's worker never takes another
 group's task), its own ``var/`` directory (uploads, adapter copies) and its own log folder
 under ``var/test-logs/``. Each starts the engines its own tests use.
@@ -41,12 +44,36 @@ class Group:
     name: str
     args: tuple[str, ...]
     redis_db: int
+    env: tuple[tuple[str, str], ...] = ()
 
 
 # Redis database 15 is `make pytest`'s and `make test-quick`'s, 14 and 13 the benchmarks'
-# (bench/harness.py): any of them may run beside.
+# (bench/harness.py): any of them may run beside. (The cluster group's 9 holds its Celery
+# broker only.)
+# What the data plane keeps in Redis, run again with that state on a real Redis Cluster
+# (tests/redis_cluster.py; Celery and Channels stay on the group's plain database).
+CLUSTER_TESTS = (
+    "tests/inference/test_cluster.py",
+    "tests/inference/test_admission.py",
+    "tests/inference/test_limits.py",
+    "tests/inference/test_lua.py",
+    "tests/inference/test_seams.py",
+    "tests/inference/test_priority_units.py",
+    "tests/inference/test_cache_units.py",
+    "tests/test_catalog_contract.py",
+    "tests/billing/test_spool.py",
+    "tests/billing/test_budget_warnings.py",
+    "tests/moderation/test_events_drain.py",
+)
+
 GROUPS = (
-    Group("quick", ("-m", f"not ({LIVE})"), redis_db=10),
+    Group("quick", ("-m", f"not ({LIVE})", f"--ignore={CLUSTER_TESTS[0]}"), redis_db=10),
+    Group(
+        "cluster",
+        ("-m", f"not ({LIVE})", *CLUSTER_TESTS),
+        redis_db=9,
+        env=(("INFERPLANE_TEST_STATE", "cluster"),),
+    ),
     Group("inference", ("-m", LIVE, "tests/inference"), redis_db=12),
     Group("platform", ("-m", LIVE, "--ignore=tests/inference"), redis_db=11),
 )
@@ -68,6 +95,7 @@ def group_env(group: Group, database_url: str, redis_url: str) -> dict[str, str]
         "REDIS_URL": _with_path(redis_url, f"/{group.redis_db}"),
         "INFERPLANE_VAR_DIR": str(var),
         "INFERPLANE_TEST_LOG_DIR": str(ROOT / "var" / "test-logs" / group.name),
+        **dict(group.env),
     }
 
 
@@ -93,7 +121,7 @@ def start(group: Group, extra: list[str], database_url: str, redis_url: str) -> 
         "pytest",
         "-q",
         "-p",
-        "no:cacheprovider",  # three at once would race on .pytest_cache
+        "no:cacheprovider",  # several at once would race on .pytest_cache
         f"--junitxml={junit}",
         *group.args,
         *extra,

@@ -10,7 +10,6 @@ interval (a lost announcement, within the gateways' minute between looks).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import time
@@ -19,7 +18,7 @@ from typing import Any, cast
 
 import msgspec
 from django.utils import timezone
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from adapters.publishing import adapters_for_catalog
 from billing.pricing import prices_for_catalog
@@ -32,17 +31,17 @@ from contract import (
     catalog_decoder,
     encode,
 )
-from controlplane.redis import channel, redis_sync
+from controlplane.redis import announce, redis_sync
 from fleet.models import Model, ModelRoute, Pool, Replica
 
 log = logging.getLogger(__name__)
 
-CATALOG_KEY = "ip:catalog"
+CATALOG_KEY = "ip:{catalog}"
 # Bumped by a publish that changed something: web processes poll this small key and fetch
 # the snapshot only when it moved (inference.gateway.catalog). The digest says what was last
 # published, so a health probe round that changed nothing costs the gateways nothing.
-CATALOG_VERSION_KEY = "ip:catalog:version"
-CATALOG_DIGEST_KEY = "ip:catalog:digest"
+CATALOG_VERSION_KEY = "ip:{catalog}:version"
+CATALOG_DIGEST_KEY = "ip:{catalog}:digest"
 # Where a publish that changed something is announced (the new version): web processes
 # subscribe (inference.gateway.watch) instead of polling the version.
 CATALOG_CHANNEL = "ip:catalog:changed"
@@ -51,9 +50,9 @@ CATALOG_CHANNEL = "ip:catalog:changed"
 # when that part changed: 50,000 adapter versions would make a snapshot of 11 MB that every
 # process re-read on every upload (bench/scale.py). Each publish that changes parts bumps
 # the serial and announces ``a:<serial>:<tenant>,<tenant>…`` (``a:<serial>:*``: all).
-ADAPTERS_KEY = "ip:catalog:adapters"
-ADAPTERS_DIGEST_KEY = "ip:catalog:adapters:digest"
-ADAPTERS_SERIAL_KEY = "ip:catalog:adapters:serial"
+ADAPTERS_KEY = "ip:{catalog}:adapters"
+ADAPTERS_DIGEST_KEY = "ip:{catalog}:adapters:digest"
+ADAPTERS_SERIAL_KEY = "ip:{catalog}:adapters:serial"
 ANNOUNCE_TENANTS = 200  # more changed parts than this are announced as "all"
 adapters_part_decoder = msgspec.json.Decoder(dict[str, CatalogAdapter])
 
@@ -148,7 +147,7 @@ def _publish_adapters(client: Any, catalog: Catalog) -> None:
     tenants = [*changed, *gone]
     which = ",".join(tenants) if len(tenants) <= ANNOUNCE_TENANTS else "*"
     try:
-        client.publish(channel(CATALOG_CHANNEL), f"a:{serial}:{which}")
+        announce(CATALOG_CHANNEL, f"a:{serial}:{which}")
     except RedisError:
         log.warning("could not announce the adapters that changed", exc_info=True)
 
@@ -160,11 +159,27 @@ def adapters_part_read(client: Any, tenant_id: int) -> dict[str, CatalogAdapter]
 
 
 _POOL_PART = (Path(__file__).with_name("lua") / "catalog_pool.lua").read_text()
+_POOL_PART_SHA = hashlib.sha1(_POOL_PART.encode(), usedforsecurity=False).hexdigest()
 
 
-@functools.cache
-def _pool_part_script(client: Any) -> Any:
-    return client.register_script(_POOL_PART)
+def _publish_round(client: Any, catalog: Catalog) -> list[Any]:
+    """One round trip: what the snapshot was, and each pool's part written where it differs
+    (the script by SHA, as a raw command: redis-py's cluster pipeline refuses ``evalsha``)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.get(CATALOG_DIGEST_KEY)
+    pipe.exists(CATALOG_VERSION_KEY, CATALOG_KEY)
+    for name, pool in catalog.pools.items():
+        ready = [
+            str(x)
+            for rid, replica in pool.replicas.items()
+            if replica.state == Replica.State.READY
+            for x in (rid, pool.max_inflight)
+        ]
+        keys = [pool_prefix(name)]
+        args = [pool.policy, pool.lend_percent, *ready]
+        pipe.execute_command("EVALSHA", _POOL_PART_SHA, len(keys), *keys, *args)
+    results: list[Any] = pipe.execute(raise_on_error=False)
+    return results
 
 
 def catalog_publish(*, force: bool = False) -> Catalog:
@@ -176,22 +191,14 @@ def catalog_publish(*, force: bool = False) -> Catalog:
     digest = hashlib.sha256(encode(msgspec.structs.replace(snapshot, version=0))).hexdigest()
     client = redis_sync()
     _publish_adapters(client, catalog)
-    # One round trip: what the snapshot was, and each pool's part written where it differs.
-    pipe = client.pipeline(transaction=False)
-    pipe.get(CATALOG_DIGEST_KEY)
-    pipe.exists(CATALOG_VERSION_KEY, CATALOG_KEY)
-    pool_part = _pool_part_script(client)
-    for name, pool in catalog.pools.items():
-        ready = [
-            str(x)
-            for rid, replica in pool.replicas.items()
-            if replica.state == Replica.State.READY
-            for x in (rid, pool.max_inflight)
-        ]
-        pool_part(
-            keys=[pool_prefix(name)], args=[pool.policy, pool.lend_percent, *ready], client=pipe
-        )
-    previous, present = pipe.execute()[:2]
+    results = _publish_round(client, catalog)
+    if any(isinstance(r, NoScriptError) for r in results):
+        client.script_load(_POOL_PART)  # a Redis (or a node) that restarted: the parts again
+        results = _publish_round(client, catalog)
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    previous, present = results[:2]
     if force or previous is None or previous.decode() != digest or present < 2:
         pipe = client.pipeline(transaction=True)
         pipe.set(CATALOG_KEY, encode(snapshot))
@@ -200,7 +207,7 @@ def catalog_publish(*, force: bool = False) -> Catalog:
         version = pipe.execute()[-1]
         # A lost announcement only waits for the gateways' next look at the version.
         try:
-            client.publish(channel(CATALOG_CHANNEL), version)
+            announce(CATALOG_CHANNEL, version)
         except RedisError:
             log.warning("could not announce the catalog's new version", exc_info=True)
     return catalog

@@ -559,6 +559,7 @@ def replica_probe(
 
 PROBE_PROGRESS = "ip:probe:progress"  # replica id -> "generated tokens|since (epoch s)"
 IDLE = "idle"  # ... or this, while it runs nothing
+_CLOCK_AND_PROGRESS = "return {redis.call('TIME'), redis.call('HGETALL', KEYS[1])}"
 
 
 @dataclass
@@ -574,14 +575,14 @@ class ProbeRound:
 
     @classmethod
     def begin(cls) -> ProbeRound:
-        try:
-            pipe = redis_sync().pipeline(transaction=False)
-            pipe.time()
-            pipe.hgetall(PROBE_PROGRESS)
-            (seconds, micros), raw = pipe.execute()
+        try:  # one call, on one Redis or on the progress hash's node of a cluster
+            (seconds, micros), raw = cast(
+                Any, redis_sync().eval(_CLOCK_AND_PROGRESS, 1, PROBE_PROGRESS)
+            )
         except RedisError:
             return cls(started_ms=None, progress=None)
-        progress = {k.decode(): v.decode() for k, v in cast(dict[bytes, bytes], raw).items()}
+        pairs = cast(list[bytes], raw)
+        progress = {k.decode(): v.decode() for k, v in zip(pairs[::2], pairs[1::2], strict=True)}
         return cls(started_ms=int(seconds) * 1000 + int(micros) // 1000, progress=progress)
 
     def end(self) -> None:

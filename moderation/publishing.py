@@ -1,7 +1,7 @@
-"""Every tenant's policy, as the gateways hold it, in Redis: ``ip:moderation:policies`` (the
-snapshot, ``moderation.policy.Snapshot``) and ``ip:moderation:version``, each change announced
-on ``ip:moderation:changed:db<N>``: the gateways then look at the version and fetch the snapshot
-only when it changed."""
+"""Every tenant's policy, as the gateways hold it, in Redis: ``ip:{moderation}:policies`` (the
+snapshot, ``moderation.policy.Snapshot``) and ``ip:{moderation}:version`` (one slot on a
+cluster), each change announced on ``ip:moderation:changed:db<N>`` (sharded pub/sub): the
+gateways then look at the version and fetch the snapshot only when it changed."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import time
 
 import msgspec
 
-from controlplane.redis import channel, redis_sync
+from controlplane.redis import announce, redis_sync
 from moderation.models import ModerationPolicy
 from moderation.policy import CategoryRule, PolicySpec, Snapshot
 
-POLICIES_KEY = "ip:moderation:policies"
-VERSION_KEY = "ip:moderation:version"
+POLICIES_KEY = "ip:{moderation}:policies"
+VERSION_KEY = "ip:{moderation}:version"
 CHANNEL = "ip:moderation:changed"
 PUBLISH_LOCK = "ip:moderation:publish-lock"
 
@@ -64,6 +64,6 @@ def policies_publish() -> tuple[int, Snapshot]:
         pipe = client.pipeline(transaction=True)
         pipe.set(POLICIES_KEY, encoded)
         pipe.set(VERSION_KEY, version)
-        pipe.publish(channel(CHANNEL), version)  # the gateways look at the version when told
         pipe.execute()
+        announce(CHANNEL, version)  # the gateways look at the version when told
     return version, snapshot

@@ -14,9 +14,18 @@ import secrets
 from dataclasses import dataclass
 
 KEY_TAG = "sk-ip-"
-# When each key was last used (prefix -> epoch seconds), a Redis hash the gateway's limits
-# script stamps on every request and ``services.api_keys_last_used_flush`` writes to the rows.
-LAST_USED_KEY = "ip:key_last_used"
+# The tenants whose keys were used since the last flush (a Redis set); see ``last_used_key``.
+LAST_USED_TENANTS = "ip:key_last_used:tenants"
+
+
+def last_used_key(tenant_id: int) -> str:
+    """When each of a tenant's keys was last used (prefix -> epoch seconds): a Redis hash in
+    the tenant's slot, stamped by the gateway's limits script on every request; the gateway
+    adds the tenant to ``LAST_USED_TENANTS`` when the script made the hash, and
+    ``services.api_keys_last_used_flush`` writes the stamps to the rows."""
+    return f"ip:key_last_used:{{t:{tenant_id}}}"
+
+
 PREFIX_LENGTH = 12
 
 

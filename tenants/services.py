@@ -9,15 +9,16 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from redis.exceptions import ResponseError
 
 from tenants.access import ROLE_PERMS, Perm
-from tenants.keys import LAST_USED_KEY, key_generate
+from tenants.keys import LAST_USED_TENANTS, key_generate, last_used_key
 from tenants.models import (
     ApiKey,
     AuditEvent,
@@ -631,13 +632,20 @@ def api_keys_last_used_flush() -> int:
     from controlplane.redis import redis_sync
 
     client = redis_sync()
-    staging = LAST_USED_KEY + ":flushing"
-    try:
-        client.rename(LAST_USED_KEY, staging)
-    except Exception:  # nothing to flush (no such key)
-        return 0
-    stamps = {k.decode(): int(v) for k, v in client.hgetall(staging).items()}  # type: ignore[union-attr]
-    client.delete(staging)
+    stamps: dict[str, int] = {}
+    # A tenant taken off the set now is added again by the next request that makes its hash
+    # anew (after the rename below): no stamp is left behind for more than one flush.
+    while tenants := cast(list[bytes], client.spop(LAST_USED_TENANTS, 1000)):
+        for tenant_id in tenants:
+            hashed = last_used_key(int(tenant_id))
+            staging = hashed + ":flushing"  # the same slot: the tenant's tag
+            try:
+                client.rename(hashed, staging)
+            except ResponseError:  # nothing to flush (no such key)
+                continue
+            held = cast(dict[bytes, bytes], client.hgetall(staging))
+            stamps.update({k.decode(): int(v) for k, v in held.items()})
+            client.delete(staging)
     for prefix, stamp in stamps.items():
         ApiKey.objects.filter(prefix=prefix).update(
             last_used_at=datetime.fromtimestamp(stamp, tz=UTC)

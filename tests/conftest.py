@@ -21,9 +21,12 @@ from django.conf import settings
 from django.test import TransactionTestCase
 from rest_framework.test import APIClient
 
+from controlplane.redis import channel, redis_blocking, redis_sync
+from inference.gateway import redis as gateway_redis
 from tenants.models import Role, Tenant, User
 from tests import contract
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
+from tests.redis_cluster import Cluster, cluster_start, cluster_stop
 
 pytest_plugins = ["tests.engines", "tests.live", "tests.serving"]
 
@@ -57,6 +60,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.engine)
         if names & STACK_FIXTURES:
             item.add_marker(pytest.mark.stack)
+        if (
+            item.get_closest_marker("single_redis")
+            and os.environ.get("INFERPLANE_TEST_STATE") == "cluster"
+        ):
+            item.add_marker(pytest.mark.skip(reason="about one Redis's databases or old keys"))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -159,13 +167,44 @@ def _fast_password_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+def state_redis_use(url: str) -> None:
+    """Point this process's data-plane state at ``url`` (and the stacks it starts after)."""
+    settings.STATE_REDIS_URL = os.environ["STATE_REDIS_URL"] = url
+    for cached in (redis_sync, redis_blocking, channel):
+        cached.cache_clear()
+    gateway_redis._shared.clear()
+    gateway_redis._blocking.clear()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Cluster]:
+    """A Redis Cluster of three masters with a replica each, for this run (tests.redis_cluster)."""
+    cluster = cluster_start()
+    yield cluster
+    cluster_stop(cluster)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _state_on_a_cluster(request: pytest.FixtureRequest) -> Cluster | None:
+    """``INFERPLANE_TEST_STATE=cluster`` (make test's cluster group): the data plane's state on
+    a real Redis Cluster for the whole run; Celery and Channels stay on ``REDIS_URL``."""
+    if os.environ.get("INFERPLANE_TEST_STATE") != "cluster":
+        return None
+    cluster: Cluster = request.getfixturevalue("redis_cluster")
+    state_redis_use(cluster.url)
+    return cluster
+
+
 @pytest.fixture(autouse=True)
-def _clean_redis() -> Iterator[None]:
+def _clean_redis(_state_on_a_cluster: Cluster | None) -> Iterator[None]:
     """Each test starts with an empty Redis database (the tests' own, never make run's)."""
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     db = settings.REDIS_URL.rstrip("/").rpartition("/")[2]
-    assert db.isdigit() and int(db) >= 10, "tests must use a Redis db of their own (10-15)"
+    assert db.isdigit() and int(db) >= 9, "tests must use a Redis db of their own (9-15)"
     client.flushdb()
+    if _state_on_a_cluster is not None:  # each master as it is now (after a failover too)
+        for port in _state_on_a_cluster.masters():
+            _state_on_a_cluster.client(port).flushdb()
     yield
     client.close()
 

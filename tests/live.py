@@ -97,6 +97,7 @@ def stack_start(
         **os.environ,
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url or settings.REDIS_URL,
+        "STATE_REDIS_URL": redis_url or settings.STATE_REDIS_URL,
         "INFERPLANE_PROBE_INTERVAL_SECONDS": "2",
         # The sweeper wakes work nobody does (a worker killed by a test) sooner than in
         # production (15 s), so that the tests that kill one wait less.

@@ -291,18 +291,19 @@ def test_a_missed_announcement_of_adapters_drops_every_part() -> None:
     assert dropped and kept
 
 
+@pytest.mark.single_redis
 @pytest.mark.django_db(transaction=True)
 def test_a_deployment_in_another_redis_database_is_not_heard() -> None:
     """Pub/sub channels belong to the whole Redis server, not to a database: a publish of
     this deployment reaches a subscriber to its channel, and a deployment in another database
     of the same server (a staging stack, another group of make test) announces on another."""
     listener = redis_sync().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-    listener.subscribe(channel(CATALOG_CHANNEL))
+    listener.ssubscribe(channel(CATALOG_CHANNEL))
     db = redis_sync().connection_pool.connection_kwargs["db"]
     assert channel(CATALOG_CHANNEL) == f"{CATALOG_CHANNEL}:db{db}"
     try:
         # A deployment on database db+1 of the same server announces a change of its own.
-        redis_sync().publish(f"{CATALOG_CHANNEL}:db{db + 1}", "999")
+        redis_sync().spublish(f"{CATALOG_CHANNEL}:db{db + 1}", "999")
         model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
         catalog_publish()
         message = wait_for(lambda: listener.get_message(timeout=1), timeout=10)

@@ -5,8 +5,11 @@ RPM and TPM are token buckets refilled continuously over a minute; TPM takes an 
 the request ends. Concurrency is a sorted set of leases (so a crashed process's slots come
 back). The monthly token and spend budgets are counters seeded from the ledger when Redis
 lacks them; a request is refused once a budget is used up (the one that crosses it is
-served), and crossing 80% of a budget queues a warning (BUDGET_WARNINGS) that a Celery task
-turns into an audit event.
+served), and crossing 80% of a budget queues a warning (BUDGET_WARNINGS) that the drains
+process turns into an audit event.
+
+Every key of a tenant's limits (its keys' too) carries the tenant's hash tag
+(``ip:rl:{t:<tenant>}:…``): each script touches one slot, on one Redis or a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from inference.gateway.db import run_db
 from inference.gateway.errors import ApiError, overloaded
 from inference.gateway.lua import Batch, Script
 from inference.gateway.redis import redis_async
-from tenants.keys import LAST_USED_KEY
+from tenants.keys import LAST_USED_TENANTS, last_used_key
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,7 @@ LEASE_MS = 20_000
 # ARGV: rid est lease_ms prefix, limits: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month
 #       t_spend k_spend, then member (rid|sequences|est tokens|est cost) sequences est_cost
 # Returns {status, reason, retry_ms, req_lim, req_rem, req_reset, tok_lim, tok_rem, tok_reset}
+# (and, when taken, 1 if the tenant's last-used hash was made now: ``tenants.keys``)
 # status 1 = taken, 0 = refused, 2 = a monthly counter must be seeded first.
 #
 # t_conc / k_conc hold the requests in flight of the tenant / key whenever it has a
@@ -48,9 +52,10 @@ LEASE_MS = 20_000
 # cannot all pass a nearly spent budget.
 ACQUIRE = Script("limits", "acquire")
 
-# KEYS: t_tpm t_conc t_month k_tpm k_conc k_month t_spend k_spend warnings
+# KEYS: t_tpm t_conc t_month k_tpm k_conc k_month t_spend k_spend
 # ARGV: member est actual t_tpm_lim k_tpm_lim cost t_month_lim k_month_lim t_spend_lim
 #       k_spend_lim tenant_id key_id month
+# Returns the budget notices to queue (``billing.budget_warnings``): none, nearly always.
 RELEASE = Script("limits", "release")
 
 
@@ -76,12 +81,13 @@ class Grant:
     month: str
     conc_keys: tuple[str, ...]  # the in-flight leases this request holds (renewed while it runs)
     member: str  # its name in them: rid|sequences|estimated tokens|estimated cost
+    stamped_new: bool = False  # the tenant's last-used hash was made by this request
 
     def _release_args(self, actual_tokens: int, cost: int) -> tuple[list[str], list[Any]]:
         key = self.key
         t, k = _scopes(key, self.month)
         keys = [t["tpm"], t["conc"], t["month"], k["tpm"], k["conc"], k["month"]]
-        keys += [t["spend"], k["spend"], BUDGET_WARNINGS]
+        keys += [t["spend"], k["spend"]]
         tl, kl = key.tenant_limits, key.key_limits
         args = [self.member, self.estimate, actual_tokens, tl[1], kl[1], cost, tl[4], kl[4]]
         return keys, [*args, tl[5], kl[5], key.tenant_id, key.key_id, self.month]
@@ -89,17 +95,28 @@ class Grant:
     async def release(self, actual_tokens: int, cost_micros: int = 0) -> None:
         """Give back the estimate's excess (or take the shortfall) and the concurrency slot;
         count the tokens and the spend against the monthly budgets."""
-        keys, args = self._release_args(actual_tokens, cost_micros)
-        await RELEASE(keys=keys, args=args)
+        pipe = Batch()
+        self.release_into(pipe, actual_tokens, cost_micros)
+        await pipe.execute()
 
     def release_into(self, pipe: Batch, actual_tokens: int, cost_micros: int = 0) -> None:
+        """``release`` on ``pipe``'s round trip; a budget notice it returns (a crossing of
+        80%, once a month per budget) costs one more."""
         keys, args = self._release_args(actual_tokens, cost_micros)
-        pipe.script(RELEASE, keys, args)
+        pipe.script(RELEASE, keys, args, then=_queue_notices)
+        if self.stamped_new:
+            self.stamped_new = False
+            pipe.sadd(LAST_USED_TENANTS, self.key.tenant_id)
+
+
+async def _queue_notices(notices: list[bytes]) -> None:
+    if notices:
+        await redis_async().rpush(BUDGET_WARNINGS, *notices)
 
 
 def _scopes(key: KeyInfo, month: str) -> tuple[dict[str, str], dict[str, str]]:
-    t = f"ip:rl:t:{key.tenant_id}:"
-    k = f"ip:rl:k:{key.key_id}:"
+    t = f"ip:rl:{{t:{key.tenant_id}}}:"
+    k = f"{t}k:{key.key_id}:"
     return (
         {
             "rpm": t + "rpm",
@@ -213,7 +230,7 @@ async def acquire(
                 k["tpm"],
                 k["conc"],
                 k["month"],
-                LAST_USED_KEY,
+                last_used_key(key.tenant_id),
                 t["spend"],
                 k["spend"],
             ],
@@ -232,7 +249,7 @@ async def acquire(
         )
     if status == 2:  # counters keep vanishing (Redis being flushed): do not guess
         raise overloaded(1, "Usage limits are being rebuilt. Retry shortly.")
-    values = [int(v) for v in result[3:]]
+    values = [int(v) for v in result[3:9]]
     headers = _headers(values)
     if status == 1:
         return Grant(
@@ -247,6 +264,7 @@ async def acquire(
                 if lim[2] or lim[4] or lim[5]  # concurrency, monthly tokens, monthly spend
             ),
             member=member,
+            stamped_new=bool(int(result[9])),
         )
     await _note_rejection(key, reason, month)
     retry_ms = int(result[2])

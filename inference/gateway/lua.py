@@ -9,13 +9,14 @@ Scripts run by EVALSHA, registered once per Redis client; a script called on its
 reloaded by redis-py on NOSCRIPT. Scripts queued on a ``Batch`` (several commands in one
 round trip) are sent by SHA only, and when Redis lost them (it restarted) the batch loads
 them and replays exactly the commands that failed — so no caller keeps a second copy of its
-work for that case.
+work for that case. On a Redis Cluster a batch's commands go to the nodes of their slots at
+once (one round trip each, side by side); a script's keys are all in one slot.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -67,9 +68,23 @@ class Batch:
 
     def __init__(self) -> None:
         self.ops: list[tuple[str, tuple[Any, ...], dict[str, Any], Script | None]] = []
+        self.then: list[tuple[int, Callable[[Any], Awaitable[None]]]] = []
 
-    def script(self, script: Script, keys: list[str], args: list[Any]) -> None:
-        self.ops.append(("evalsha", (script.sha, len(keys), *keys, *args), {}, script))
+    def script(
+        self,
+        script: Script,
+        keys: list[str],
+        args: list[Any],
+        *,
+        then: Callable[[Any], Awaitable[None]] | None = None,
+    ) -> None:
+        """Queue ``script``; ``then`` is awaited with its result once the batch has run."""
+        if then is not None:
+            self.then.append((len(self.ops), then))
+        # As a raw command: redis-py's cluster pipeline refuses its ``evalsha`` method.
+        self.ops.append(
+            ("execute_command", ("EVALSHA", script.sha, len(keys), *keys, *args), {}, script)
+        )
 
     def __getattr__(self, command: str) -> Any:
         def queue(*args: Any, **kwargs: Any) -> None:
@@ -100,4 +115,6 @@ class Batch:
         for result in results:
             if isinstance(result, Exception):
                 raise result
+        for i, then in self.then:
+            await then(results[i])
         return results

@@ -8,14 +8,47 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from controlplane.redis import cluster_seed
+
 # How long an admission listener with nobody waiting blocks on its grants list before it
 # looks again (``inference.gateway.admission``): its idle cost, one BLPOP per this long.
 LISTEN_IDLE_SECONDS = 30
+
+
+class _Cluster(RedisCluster):
+    """redis-py's asyncio cluster client, made ready before its first command: commands sent
+    at once to a new client otherwise pick their node before the client knows the cluster,
+    and some run on the seed's connection as the client closes it (``TypeError`` from the
+    transport; redis-py 8.1, seen under 80 requests at once)."""
+
+    _ready: asyncio.Lock | None = None
+
+    async def ready(self) -> None:
+        if self._initialize:
+            if self._ready is None:
+                self._ready = asyncio.Lock()
+            async with self._ready:
+                if self._initialize:
+                    await self.initialize()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        await self.ready()
+        return await super().execute_command(*args, **kwargs)
+
+
+async def client_ready(client: aioredis.Redis) -> aioredis.Redis:
+    """``client``, knowing its cluster's nodes (a subscription picks its node before any
+    command would have taught it)."""
+    if isinstance(client, _Cluster):
+        await client.ready()
+    return client
+
 
 _shared: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
 _blocking: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
@@ -37,17 +70,28 @@ def _for_this_loop(
     clients: dict[asyncio.AbstractEventLoop, aioredis.Redis], **options: Any
 ) -> aioredis.Redis:
     loop = asyncio.get_running_loop()
-    client = clients.get(loop)
-    if client is None:
-        client = clients[loop] = aioredis.Redis.from_url(
-            settings.REDIS_URL,
-            socket_connect_timeout=2,
-            # Which process a connection is (CLIENT LIST): the operator's, and the benchmark's
-            # count of what an idle gateway asks Redis.
-            client_name=f"inferplane-gateway-{os.getpid()}",
-            # A restarted Redis is reconnected to on the next command, not by a restart of ours.
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3),
+    found = clients.get(loop)
+    if found is not None:
+        return found
+    options.update(
+        socket_connect_timeout=2,
+        # Which process a connection is (CLIENT LIST): the operator's, and the benchmark's
+        # count of what an idle gateway asks Redis.
+        client_name=f"inferplane-gateway-{os.getpid()}",
+        # A restarted Redis is reconnected to on the next command, not by a restart of ours.
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3),
+    )
+    seed = cluster_seed(settings.STATE_REDIS_URL)
+    client: aioredis.Redis
+    if seed is None:
+        client = aioredis.Redis.from_url(
+            settings.STATE_REDIS_URL,
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
             **options,
         )
+    else:
+        # A node's failure is the cluster client's to handle: it refreshes the slot map and
+        # retries on the slot's new owner (a promoted replica).
+        client = _Cluster.from_url(seed, **options)  # type: ignore[assignment]
+    clients[loop] = client
     return client

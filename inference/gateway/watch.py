@@ -1,13 +1,14 @@
 """Keeping a process's copy of something published in Redis fresh without polling it.
 
-A publisher writes its snapshot and a version, then ``PUBLISH``es on a channel
-(``changed``). Each web process holds one subscription per watched channel: a message
-wakes it to compare the version and fetch what moved, and between changes the process
-spends nothing (a subscribed connection just waits; Redis pings it every
-``health_check_interval``). A message cannot be missed silently: Redis drops a lagging
-subscriber's connection rather than its messages, and every (re)subscription is followed
-by one look at the version, which catches whatever was published while it was away. A
-look every ``quiet_seconds`` anyway covers a connection that died without a word.
+A publisher writes its snapshot and a version, then ``SPUBLISH``es on a channel
+(``changed``; sharded pub/sub, Redis 7: on a cluster only the channel's shard carries it).
+Each web process holds one subscription per watched channel: a message wakes it to compare
+the version and fetch what moved, and between changes the process spends nothing (a
+subscribed connection just waits; Redis pings it every ``health_check_interval``). A message
+cannot be missed silently: Redis drops a lagging subscriber's connection rather than its
+messages, and every (re)subscription is followed by one look at the version, which catches
+whatever was published while it was away. A look every ``quiet_seconds`` anyway covers a
+connection that died without a word.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from controlplane.redis import channel
-from inference.gateway.redis import redis_async
+from inference.gateway.redis import client_ready, redis_async
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +41,26 @@ async def watch_forever(
     messages' data) and after ``quiet_seconds()`` without one (given none). A failed look or
     subscription is retried each second (the process keeps serving from what it has)."""
     while True:
-        pubsub = redis_async().pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(channel(name))
+            pubsub = (await client_ready(redis_async())).pubsub()
+        except (RedisError, OSError):
+            log.warning("could not keep %s fresh (Redis): retrying", what, exc_info=True)
+            await asyncio.sleep(RETRY_SECONDS)
+            continue
+        # A cluster's subscriptions are read from the shard's node (a connection of its own).
+        read = getattr(pubsub, "get_sharded_message", pubsub.get_message)
+        try:
+            await pubsub.ssubscribe(channel(name))
             await look([])  # what was published before the subscription took
             while True:
-                message = await pubsub.get_message(timeout=quiet_seconds())
+                message = await read(timeout=quiet_seconds())
                 burst: list[bytes] = []
                 while message is not None:  # drain a burst: one look for all of it
-                    if message.get("type") == "message":
+                    if message.get("type") == "smessage":
                         burst.append(message["data"])
-                    message = await pubsub.get_message(timeout=0)
+                    elif message.get("type") == "sunsubscribe":  # its slot moved: subscribe anew
+                        raise RedisConnectionError(f"{name}: the shard ended the subscription")
+                    message = await read(timeout=0)
                 await look(burst)
         except asyncio.CancelledError:
             raise

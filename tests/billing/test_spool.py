@@ -87,6 +87,7 @@ def test_every_record_lands_once_and_replays_are_absorbed(records: Any) -> None:
     assert usage_spool_flush() == 0
 
 
+@pytest.mark.single_redis
 def test_records_spooled_by_the_previous_version_are_moved_in(records: Any) -> None:
     tenant, key = records
     redis_sync().rpush(LEGACY_SPOOL, *(contract.encode(r) for r in _records(tenant, key, 3)))

@@ -249,8 +249,8 @@ def test_revocation_and_suspension_during_a_redis_hiccup_still_take_effect(
     suspended, other_key = world.tenant()
     for k in (key, other_key):
         world.stack.openai(k).models.list()  # cached in Redis by the gateway
-    live_redis = settings.REDIS_URL
-    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    live_redis = settings.STATE_REDIS_URL
+    settings.STATE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     redis_sync.cache_clear()
     try:
         with transaction.atomic():
@@ -261,7 +261,7 @@ def test_revocation_and_suspension_during_a_redis_hiccup_still_take_effect(
             # (a fresh-clone run counted 1 here, the other already applied).
             assert KeyCacheInvalidation.objects.count() == 2
     finally:
-        settings.REDIS_URL = live_redis
+        settings.STATE_REDIS_URL = live_redis
         redis_sync.cache_clear()
 
     def refused(k: str) -> bool:
