@@ -308,7 +308,7 @@ def catalog(quick: bool) -> dict[str, Any]:
         )
         cpu = _cpu(web.pid)
         redis.set(CATALOG_KEY, encode(changed))
-        redis.publish(channel(CATALOG_CHANNEL), redis.incr(CATALOG_VERSION_KEY))
+        redis.spublish(channel(CATALOG_CHANNEL), redis.incr(CATALOG_VERSION_KEY))
         out["snapshot_change_seen_after_ms"] = seen_after("scale-new")
         time.sleep(1)
         out["snapshot_change_web_cpu_ms"] = (_cpu(web.pid) - cpu) * 1000
@@ -325,7 +325,7 @@ def catalog(quick: bool) -> dict[str, Any]:
         cpu = _cpu(web.pid)
         redis.hset(ADAPTERS_KEY, str(tenant.pk), encode(part))
         serial = redis.incr(ADAPTERS_SERIAL_KEY)
-        redis.publish(channel(CATALOG_CHANNEL), f"a:{serial}:{tenant.pk}")
+        redis.spublish(channel(CATALOG_CHANNEL), f"a:{serial}:{tenant.pk}")
         out["adapter_change_seen_after_ms"] = seen_after(address)
         time.sleep(1)
         out["adapter_change_web_cpu_ms"] = (_cpu(web.pid) - cpu) * 1000

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 KEY_TAG = "sk-ip-"
 # The tenants whose keys were used since the last flush (a Redis set); see ``last_used_key``.
 LAST_USED_TENANTS = "ip:key_last_used:tenants"
+# Before the per-tenant hashes, one hash for every key (flushed after an upgrade, then gone).
+LEGACY_LAST_USED_KEY = "ip:key_last_used"
 
 
 def last_used_key(tenant_id: int) -> str:
     """When each of a tenant's keys was last used (prefix -> epoch seconds): a Redis hash in
-    the tenant's slot, stamped by the gateway's limits script on every request; the gateway
-    adds the tenant to ``LAST_USED_TENANTS`` when the script made the hash, and
+    the tenant's slot, stamped by the gateway's limits script on every request; each
+    request's end adds the tenant to ``LAST_USED_TENANTS``, and
     ``services.api_keys_last_used_flush`` writes the stamps to the rows."""
     return f"ip:key_last_used:{{t:{tenant_id}}}"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -15,10 +16,10 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from tenants.access import ROLE_PERMS, Perm
-from tenants.keys import LAST_USED_TENANTS, key_generate, last_used_key
+from tenants.keys import LAST_USED_TENANTS, LEGACY_LAST_USED_KEY, key_generate, last_used_key
 from tenants.models import (
     ApiKey,
     AuditEvent,
@@ -629,25 +630,39 @@ def api_keys_last_used_flush() -> int:
     """Copy the gateway's "last used" stamps (kept in Redis, off the request path) to keys."""
     from datetime import UTC
 
-    from controlplane.redis import redis_sync
+    from controlplane.redis import redis_sync, state_is_cluster
 
     client = redis_sync()
     stamps: dict[str, int] = {}
-    # A tenant taken off the set now is added again by the next request that makes its hash
-    # anew (after the rename below): no stamp is left behind for more than one flush.
+    if not state_is_cluster():
+        # The one hash of the versions before the per-tenant ones (an upgrade's leftovers).
+        stamps.update(_last_used_take(client, LEGACY_LAST_USED_KEY))
+    # A tenant is named to the set by each request's end; one taken off it here whose hash
+    # a request stamps after the rename below is named again by that request.
     while tenants := cast(list[bytes], client.spop(LAST_USED_TENANTS, 1000)):
-        for tenant_id in tenants:
-            hashed = last_used_key(int(tenant_id))
-            staging = hashed + ":flushing"  # the same slot: the tenant's tag
-            try:
-                client.rename(hashed, staging)
-            except ResponseError:  # nothing to flush (no such key)
-                continue
-            held = cast(dict[bytes, bytes], client.hgetall(staging))
-            stamps.update({k.decode(): int(v) for k, v in held.items()})
-            client.delete(staging)
+        try:
+            for tenant_id in tenants:
+                stamps.update(_last_used_take(client, last_used_key(int(tenant_id))))
+        except RedisError:
+            logger.warning("could not flush the keys' last use: trying again next time")
+            with contextlib.suppress(RedisError):
+                client.sadd(LAST_USED_TENANTS, *tenants)
+            break
     for prefix, stamp in stamps.items():
         ApiKey.objects.filter(prefix=prefix).update(
             last_used_at=datetime.fromtimestamp(stamp, tz=UTC)
         )
     return len(stamps)
+
+
+def _last_used_take(client: Any, hashed: str) -> dict[str, int]:
+    """The stamps of one last-use hash, taken off Redis (renamed in its own slot first, so
+    that stamps written meanwhile go to a new hash)."""
+    staging = hashed + ":flushing"
+    try:
+        client.rename(hashed, staging)
+    except ResponseError:  # no such key: nothing to flush
+        return {}
+    held = cast(dict[bytes, bytes], client.hgetall(staging))
+    client.delete(staging)
+    return {k.decode(): int(v) for k, v in held.items()}

@@ -56,7 +56,7 @@ import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from redis.exceptions import RedisError
 
@@ -107,7 +107,7 @@ TICK = Script("admission", "tick", constants=_CONSTANTS)
 # ARGV: lease slack rid amount
 PROGRESS = Script("admission", "progress", constants=_CONSTANTS)
 
-# ARGV: lease slack rid adjustment
+# ARGV: lease slack rid adjustment [nohold]
 COMPLETE = Script("admission", "complete", constants=_CONSTANTS)
 
 # ARGV: lease slack rid  ->  {'cancelled'|'granted'|'gone', replica}
@@ -129,6 +129,49 @@ RENEW = Script("admission", "renew", constants=_CONSTANTS)
 
 class CatalogMissing(Exception):
     """Redis has no capacity record for the pool (it was flushed): publish and retry."""
+
+
+class Alongside(Protocol):
+    """A script to send beside ENQUEUE (``Admission.admit``): ``limits.Plan``. Its result
+    is kept in ``result`` (an exception when it failed)."""
+
+    keys: list[str]
+    args: list[Any]
+    result: Any
+
+    @property
+    def script(self) -> Script: ...
+
+    def taken(self, result: Any) -> bool: ...
+
+
+class NotTaken(Exception):
+    """The script sent beside ENQUEUE did not say taken; ENQUEUE's work was undone."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__("not taken")
+        self.result = result
+
+
+async def _enqueue(
+    keys: list[str], args: list[Any], alongside: Alongside | None
+) -> tuple[Any, Any]:
+    """ENQUEUE, and ``alongside`` before it in the same round trip: (its result, ENQUEUE's).
+    A pipeline on one Redis; on a cluster, each node its part at once."""
+    if alongside is None:
+        return None, await ENQUEUE(keys=keys, args=args)
+    batch = Batch()
+    batch.script(alongside.script, alongside.keys, alongside.args)
+    batch.script(ENQUEUE, keys, args)
+    first, second = await batch.execute(raise_errors=False)
+    alongside.result = first
+    if isinstance(second, Exception):
+        raise second
+    return first, second
+
+
+async def _second(sent: asyncio.Future[tuple[Any, Any]]) -> Any:
+    return (await sent)[1]
 
 
 @dataclass
@@ -168,8 +211,13 @@ class Admission:
         adapter: str = "",
         sequences: int = 1,
         band: int = DEFAULT_BAND,
+        alongside: Alongside | None = None,
     ) -> str:
-        """Wait for a slot; the replica id to send the request to. 503 after the wait."""
+        """Wait for a slot; the replica id to send the request to. 503 after the wait.
+
+        ``alongside``: a script sent with ENQUEUE in the same round trip (the limits'
+        ACQUIRE, whose keys are in another slot); when it does not say taken, whatever
+        ENQUEUE did is undone and ``NotTaken`` carries its result."""
         self._start(pool)
         base = pool_prefix(pool)
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -183,28 +231,31 @@ class Admission:
             # The script runs whole or not at all: a cancel while its answer is on the way
             # (a guard check out of its budget, a client gone) must not leave a slot it may
             # have granted held by nobody until its lease runs out (LEASE_MS, for everyone).
-            enqueue = asyncio.ensure_future(
-                ENQUEUE(
-                    keys=[base],
-                    args=self._args(
-                        rid,
-                        tenant,
-                        weight,
-                        W_IN * prompt_estimate,
-                        self.proc,
-                        prefix,
-                        int(wait_seconds * 1000),
-                        adapter,
-                        sequences,
-                        band,
-                    ),
-                )
+            args = self._args(
+                rid,
+                tenant,
+                weight,
+                W_IN * prompt_estimate,
+                self.proc,
+                prefix,
+                int(wait_seconds * 1000),
+                adapter,
+                sequences,
+                band,
             )
+            sent = asyncio.ensure_future(_enqueue([base], args, alongside))
+            enqueue = asyncio.ensure_future(_second(sent))
             try:
-                result = await asyncio.shield(enqueue)
+                beside, result = await asyncio.shield(sent)
             except asyncio.CancelledError:
                 await asyncio.shield(self._undo_enqueue(pool, rid, enqueue, future))
                 raise
+            if alongside is not None and (
+                isinstance(beside, Exception) or not alongside.taken(beside)
+            ):
+                refund = W_IN * prompt_estimate
+                await asyncio.shield(self._undo_enqueue(pool, rid, enqueue, future, refund))
+                raise NotTaken(beside)
             state, replica = str(result[0].decode()), str(result[1].decode())
             if state == "nocatalog":
                 raise CatalogMissing(pool)
@@ -309,17 +360,24 @@ class Admission:
             await self.complete(pool=pool, rid=rid, adjustment=0)
 
     async def _undo_enqueue(
-        self, pool: str, rid: str, enqueue: asyncio.Future[Any], future: asyncio.Future[str]
+        self,
+        pool: str,
+        rid: str,
+        enqueue: asyncio.Future[Any],
+        future: asyncio.Future[str],
+        refund: float = 0,
     ) -> None:
         """The caller was cancelled while its ENQUEUE ran: whatever the script did (granted,
-        queued, nothing) is undone."""
+        queued, nothing) is undone. ``refund``: a request that never was (its limits
+        refused it) gives back the service its grant charged, and keeps no slot held for
+        its tenant."""
         try:
             result = await enqueue
         except (RedisError, asyncio.CancelledError):
             return  # it did not run (or we cannot know: the lease reaper frees it)
         state = result[0].decode()
         if state == "granted":
-            await self.complete(pool=pool, rid=rid, adjustment=0)
+            await self.complete(pool=pool, rid=rid, adjustment=-refund, hold=not refund)
         elif state != "nocatalog":
             await self._leave(pool, rid, future)
 
@@ -342,11 +400,13 @@ class Admission:
     async def progress(self, *, pool: str, rid: str, completion_tokens: int) -> None:
         await PROGRESS(keys=[pool_prefix(pool)], args=self._args(rid, W_OUT * completion_tokens))
 
-    async def complete(self, *, pool: str, rid: str, adjustment: float) -> None:
-        """Free the slot; ``adjustment`` is the weighted service not yet charged."""
+    async def complete(self, *, pool: str, rid: str, adjustment: float, hold: bool = True) -> None:
+        """Free the slot; ``adjustment`` is the weighted service not yet charged. ``hold``:
+        the slot may be kept a moment for the tenant's next request (``HOLD_MS``)."""
         self.held.pop(rid, None)
         self.reclaimed.pop(rid, None)
-        await COMPLETE(keys=[pool_prefix(pool)], args=self._args(rid, adjustment))
+        args = self._args(rid, adjustment, *(() if hold else ("nohold",)))
+        await COMPLETE(keys=[pool_prefix(pool)], args=args)
 
     def complete_into(self, pipe: Batch, *, pool: str, rid: str, adjustment: float) -> None:
         self.held.pop(rid, None)

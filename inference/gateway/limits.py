@@ -42,7 +42,6 @@ LEASE_MS = 20_000
 # ARGV: rid est lease_ms prefix, limits: t_rpm t_tpm t_conc t_month k_rpm k_tpm k_conc k_month
 #       t_spend k_spend, then member (rid|sequences|est tokens|est cost) sequences est_cost
 # Returns {status, reason, retry_ms, req_lim, req_rem, req_reset, tok_lim, tok_rem, tok_reset}
-# (and, when taken, 1 if the tenant's last-used hash was made now: ``tenants.keys``)
 # status 1 = taken, 0 = refused, 2 = a monthly counter must be seeded first.
 #
 # t_conc / k_conc hold the requests in flight of the tenant / key whenever it has a
@@ -81,7 +80,6 @@ class Grant:
     month: str
     conc_keys: tuple[str, ...]  # the in-flight leases this request holds (renewed while it runs)
     member: str  # its name in them: rid|sequences|estimated tokens|estimated cost
-    stamped_new: bool = False  # the tenant's last-used hash was made by this request
 
     def _release_args(self, actual_tokens: int, cost: int) -> tuple[list[str], list[Any]]:
         key = self.key
@@ -101,17 +99,20 @@ class Grant:
 
     def release_into(self, pipe: Batch, actual_tokens: int, cost_micros: int = 0) -> None:
         """``release`` on ``pipe``'s round trip; a budget notice it returns (a crossing of
-        80%, once a month per budget) costs one more."""
+        80%, once a month per budget) costs one more. The tenant is named to the last-use
+        flush every time (its stamp was written by ACQUIRE, in the tenant's slot): a set
+        member added again costs nothing, and no stamp waits on one request's end."""
         keys, args = self._release_args(actual_tokens, cost_micros)
         pipe.script(RELEASE, keys, args, then=_queue_notices)
-        if self.stamped_new:
-            self.stamped_new = False
-            pipe.sadd(LAST_USED_TENANTS, self.key.tenant_id)
+        pipe.sadd(LAST_USED_TENANTS, self.key.tenant_id)
 
 
 async def _queue_notices(notices: list[bytes]) -> None:
     if notices:
-        await redis_async().rpush(BUDGET_WARNINGS, *notices)
+        try:
+            await redis_async().rpush(BUDGET_WARNINGS, *notices)
+        except RedisError:  # the counter is right; only the 80% e-mail is missed
+            log.warning("could not queue budget notices: %s", notices)
 
 
 def _scopes(key: KeyInfo, month: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -180,6 +181,27 @@ def _month_used_from_db(key: KeyInfo, per_key: bool, month: str, spend: bool) ->
 
 REJECTIONS_KEPT = 50
 
+# Keys and tenants refused in the last REFUSED_SECONDS, in this process: their requests take
+# the limits before asking admission (two round trips), so a client hammering past its limit
+# never takes, even for a round trip, a place in a pool others wait for.
+REFUSED_SECONDS = 10.0
+_refused: dict[tuple[str, int], float] = {}
+
+
+def refused_now(key: KeyInfo) -> None:
+    until = time.monotonic() + REFUSED_SECONDS
+    if len(_refused) > 10_000:  # bounded: the oldest half goes
+        for old in sorted(_refused, key=_refused.__getitem__)[: len(_refused) // 2]:
+            del _refused[old]
+    _refused[("k", key.key_id)] = _refused[("t", key.tenant_id)] = until
+
+
+def refused_lately(key: KeyInfo) -> bool:
+    now = time.monotonic()
+    return any(
+        _refused.get(scope, 0.0) > now for scope in (("k", key.key_id), ("t", key.tenant_id))
+    )
+
 
 def rejections_key(tenant_id: int) -> str:
     """A tenant's latest refusals (JSON, newest first), for its dashboard."""
@@ -206,37 +228,95 @@ async def _note_rejection(key: KeyInfo, reason: str, month: str) -> None:
         log.warning("could not note a rejection for tenant %s", key.tenant_id)
 
 
-async def acquire(
+@dataclass(slots=True)
+class Plan:
+    """One request's ACQUIRE, ready to send (``acquire``, or beside admission's ENQUEUE in
+    one round trip: ``inference.gateway.admission.Admission.admit``'s ``alongside``)."""
+
+    key: KeyInfo
+    rid: str
+    estimate: int
+    sequences: int
+    month: str
+    keys: list[str]
+    args: list[Any]
+    member: str
+    conc_keys: tuple[str, ...]  # the in-flight leases a grant holds
+    result: Any = None  # ACQUIRE's, once sent beside ENQUEUE
+
+    @property
+    def script(self) -> Script:
+        return ACQUIRE
+
+    def taken(self, result: Any) -> bool:
+        return int(result[0]) == 1
+
+    def grant(self) -> Grant:
+        """The grant of a plan ACQUIRE took (``result``): the headers it reported."""
+        return Grant(
+            key=self.key,
+            rid=self.rid,
+            estimate=self.estimate,
+            headers=_headers([int(v) for v in self.result[3:]]),
+            month=self.month,
+            conc_keys=self.conc_keys,
+            member=self.member,
+        )
+
+
+def plan(
     key: KeyInfo, *, rid: str, estimate: int, sequences: int = 1, estimated_cost: int = 0
-) -> Grant:
-    """Take one request of ``sequences`` sequences and ``estimate`` tokens (costing up to
-    ``estimated_cost`` micro-dollars) from every limit, or raise a 429."""
+) -> Plan:
     month = _month()
     member = f"{rid}|{sequences}|{estimate}|{estimated_cost}"
     t, k = _scopes(key, month)
     tl, kl = key.tenant_limits, key.key_limits
     # LIMIT_NAMES order: rpm, tpm, max_concurrency, max_tokens_per_request, monthly tokens, spend
     limits = [tl[0], tl[1], tl[2], tl[4], kl[0], kl[1], kl[2], kl[4], tl[5], kl[5]]
-    # Each pass seeds at most one missing monthly counter (four: tokens and spend, tenant
-    # and key), so five passes always end in a decision.
-    for _ in range(5):
-        result = await ACQUIRE(
-            keys=[
-                t["rpm"],
-                t["tpm"],
-                t["conc"],
-                t["month"],
-                k["rpm"],
-                k["tpm"],
-                k["conc"],
-                k["month"],
-                last_used_key(key.tenant_id),
-                t["spend"],
-                k["spend"],
-            ],
-            args=[rid, estimate, LEASE_MS, key.prefix, *limits, member, sequences, estimated_cost],
-        )
-        status, reason = int(result[0]), result[1].decode()
+    keys = [t["rpm"], t["tpm"], t["conc"], t["month"], k["rpm"], k["tpm"], k["conc"], k["month"]]
+    keys += [last_used_key(key.tenant_id), t["spend"], k["spend"]]
+    return Plan(
+        key=key,
+        rid=rid,
+        estimate=estimate,
+        sequences=sequences,
+        month=month,
+        keys=keys,
+        args=[rid, estimate, LEASE_MS, key.prefix, *limits, member, sequences, estimated_cost],
+        member=member,
+        conc_keys=tuple(
+            scope["conc"]
+            for scope, lim in ((t, tl), (k, kl))
+            if lim[2] or lim[4] or lim[5]  # concurrency, monthly tokens, monthly spend
+        ),
+    )
+
+
+async def acquire(
+    key: KeyInfo, *, rid: str, estimate: int, sequences: int = 1, estimated_cost: int = 0
+) -> Grant:
+    """Take one request of ``sequences`` sequences and ``estimate`` tokens (costing up to
+    ``estimated_cost`` micro-dollars) from every limit, or raise a 429."""
+    planned = plan(
+        key, rid=rid, estimate=estimate, sequences=sequences, estimated_cost=estimated_cost
+    )
+    return await take(planned)
+
+
+async def take(planned: Plan) -> Grant:
+    """``acquire`` of a plan made already."""
+    return await decide(planned, await ACQUIRE(keys=planned.keys, args=planned.args))
+
+
+async def decide(planned: Plan, result: Any) -> Grant:
+    """The grant ACQUIRE's ``result`` gives, or its 429 raised; a monthly counter it found
+    missing is seeded from the ledger and ACQUIRE runs again."""
+    key, month = planned.key, planned.month
+    t, k = _scopes(key, month)
+    status, reason = int(result[0]), result[1].decode()
+    # Each pass seeds one missing monthly counter (four at most: tokens and spend, tenant and
+    # key), so the fifth ACQUIRE always decides.
+    for _ in range(4):
         if status != 2:
             break
         per_key, spend = reason.startswith("seed_k"), reason.endswith("s")
@@ -247,25 +327,17 @@ async def acquire(
             nx=True,
             ex=_seconds_to_next_month() + 86400,
         )
+        result = await ACQUIRE(keys=planned.keys, args=planned.args)
+        status, reason = int(result[0]), result[1].decode()
     if status == 2:  # counters keep vanishing (Redis being flushed): do not guess
         raise overloaded(1, "Usage limits are being rebuilt. Retry shortly.")
-    values = [int(v) for v in result[3:9]]
+    estimate, sequences = planned.estimate, planned.sequences
+    values = [int(v) for v in result[3:]]
     headers = _headers(values)
     if status == 1:
-        return Grant(
-            key=key,
-            rid=rid,
-            estimate=estimate,
-            headers=headers,
-            month=month,
-            conc_keys=tuple(
-                scope["conc"]
-                for scope, lim in ((t, tl), (k, kl))
-                if lim[2] or lim[4] or lim[5]  # concurrency, monthly tokens, monthly spend
-            ),
-            member=member,
-            stamped_new=bool(int(result[9])),
-        )
+        planned.result = result
+        return planned.grant()
+    refused_now(key)
     await _note_rejection(key, reason, month)
     retry_ms = int(result[2])
     retry_after = max(1, -(-retry_ms // 1000))

@@ -78,7 +78,8 @@ class Batch:
         *,
         then: Callable[[Any], Awaitable[None]] | None = None,
     ) -> None:
-        """Queue ``script``; ``then`` is awaited with its result once the batch has run."""
+        """Queue ``script``; ``then`` is awaited with its result once the batch has run (when
+        the script ran: another command's failure does not stop it). It must not raise."""
         if then is not None:
             self.then.append((len(self.ops), then))
         # As a raw command: redis-py's cluster pipeline refuses its ``evalsha`` method.
@@ -100,7 +101,9 @@ class Batch:
         results: list[Any] = await pipe.execute(raise_on_error=False)
         return results
 
-    async def execute(self) -> list[Any]:
+    async def execute(self, *, raise_errors: bool = True) -> list[Any]:
+        """Every command's result, in order; the first error raised (after the ``then``
+        of the scripts that ran), or left in its place with ``raise_errors=False``."""
         everything = list(range(len(self.ops)))
         results = await self._send(everything)
         lost = [i for i in everything if isinstance(results[i], NoScriptError)]
@@ -112,9 +115,11 @@ class Batch:
                 await client.script_load(script.source)  # type: ignore[union-attr]
             for i, result in zip(lost, await self._send(lost), strict=True):
                 results[i] = result
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
+        # What a command that ran hands on is handed on even when another failed.
         for i, then in self.then:
-            await then(results[i])
+            if not isinstance(results[i], Exception):
+                await then(results[i])
+        for result in results:
+            if raise_errors and isinstance(result, Exception):
+                raise result
         return results

@@ -25,7 +25,7 @@ from contract import (
 )
 from controlplane.logs import request_id_new, request_id_var
 from inference.gateway import cache, lending, limits, metrics
-from inference.gateway.admission import BANDS, DEFAULT_BAND, CatalogMissing, admission
+from inference.gateway.admission import BANDS, DEFAULT_BAND, CatalogMissing, NotTaken, admission
 from inference.gateway.auth import KeyInfo
 from inference.gateway.call import Adapter, Call, Route, State
 from inference.gateway.catalog import catalog_view
@@ -205,7 +205,7 @@ async def prepare(
         0 if prefill_only else parsed.sequences * (max_tokens or DEFAULT_COMPLETION_ESTIMATE)
     )
     rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=started_at.timestamp())
-    grant = await limits.acquire(
+    planned = limits.plan(
         key,
         rid=rid,
         estimate=parsed.prompt_estimate + completion_estimate,
@@ -218,43 +218,65 @@ async def prepare(
             priority=priority,
         ),
     )
-    queued_at = time.perf_counter()
+    prefix = salted_prefix(salt, parsed.prefix_hash)
     refusal: str | None = None
-    try:
-        if screen is not None:
-            refusal = await screen(rid, parsed, ticket)
-        if refusal is None and ticket is not None and ticket.read:
-            await _look_up(ticket)
-        if refusal is None and ticket is not None and not ticket.hit and ticket.store:
-            await _look_up_similar(ticket, embed)
-        replica, lent = "", False  # refused, or answered from the cache: never sent
-        if refusal is None and not (ticket is not None and ticket.hit):
-            prefix = salted_prefix(salt, parsed.prefix_hash)
-            if lender is not None and lend is not None:
-                replica, lent = await _borrow_or_admit(
-                    view,
-                    pool_name,
-                    pool_info,
-                    lend,
-                    lender,
-                    lend_open or (lambda: True),
-                    rid,
-                    key,
-                    parsed,
-                    grant,
-                    adapter,
-                    prefix,
-                    priority,
-                )
-                if lent:
-                    pool_name, pool_info = lend, lender
-            else:
-                replica = await _admit(
-                    view, pool_name, pool_info, rid, key, parsed, grant, adapter, prefix, priority
-                )
-    except BaseException:
-        await asyncio.shield(_release_quietly(grant))
-        raise
+    replica, lent = "", False  # refused, or answered from the cache: never sent
+    if (
+        screen is None
+        and lender is None
+        and (ticket is None or not (ticket.read or ticket.semantic is not None))
+        and not limits.refused_lately(key)
+    ):
+        # Nothing decides between the limits and admission: both go in one round trip.
+        queued_at = time.perf_counter()
+        grant, replica = await _take_and_admit(
+            view, pool_name, pool_info, planned, key, parsed, adapter, prefix, priority
+        )
+    else:
+        grant = await limits.take(planned)
+        queued_at = time.perf_counter()
+        try:
+            if screen is not None:
+                refusal = await screen(rid, parsed, ticket)
+            if refusal is None and ticket is not None and ticket.read:
+                await _look_up(ticket)
+            if refusal is None and ticket is not None and not ticket.hit and ticket.store:
+                await _look_up_similar(ticket, embed)
+            if refusal is None and not (ticket is not None and ticket.hit):
+                if lender is not None and lend is not None:
+                    replica, lent = await _borrow_or_admit(
+                        view,
+                        pool_name,
+                        pool_info,
+                        lend,
+                        lender,
+                        lend_open or (lambda: True),
+                        rid,
+                        key,
+                        parsed,
+                        grant,
+                        adapter,
+                        prefix,
+                        priority,
+                    )
+                    if lent:
+                        pool_name, pool_info = lend, lender
+                else:
+                    replica = await _admit(
+                        view,
+                        pool_name,
+                        pool_info,
+                        rid,
+                        key,
+                        parsed,
+                        grant,
+                        adapter,
+                        prefix,
+                        priority,
+                    )
+        except BaseException:
+            await asyncio.shield(_release_quietly(grant))
+            raise
     # A replica newer than our copy of the catalog.
     if replica and replica not in pool_info.replicas:
         try:
@@ -310,6 +332,45 @@ async def prepare(
         pool=pool_name, tenant_slug=key.tenant_slug, priority=priority, seconds=call.queue_wait
     )
     return call
+
+
+async def _take_and_admit(
+    view: Any,
+    pool_name: str,
+    pool: CatalogPool,
+    planned: limits.Plan,
+    key: KeyInfo,
+    parsed: ParsedRequest,
+    adapter: Adapter | None,
+    prefix: str,
+    priority: str,
+) -> tuple[limits.Grant, str]:
+    """The limits taken and a replica admitted to, ACQUIRE sent beside ENQUEUE in one
+    round trip. When the limits refuse, admission's part is undone (``Admission.admit``)
+    and the refusal is decided as it would have been alone (a 429, or a monthly counter
+    seeded and the request admitted after)."""
+    try:
+        replica = await _admit(
+            view, pool_name, pool, planned.rid, key, parsed, planned, adapter, prefix, priority,
+            alongside=planned,
+        )  # fmt: skip
+    except NotTaken as refused:
+        if isinstance(refused.result, Exception):
+            raise refused.result from None
+        grant = await limits.decide(planned, refused.result)  # a 429 is raised here
+        try:
+            replica = await _admit(
+                view, pool_name, pool, planned.rid, key, parsed, grant, adapter, prefix, priority
+            )
+        except BaseException:
+            await asyncio.shield(_release_quietly(grant))
+            raise
+        return grant, replica
+    except BaseException:
+        if planned.result is not None and planned.taken(planned.result):
+            await asyncio.shield(_release_quietly(planned.grant()))
+        raise
+    return planned.grant(), replica
 
 
 def _check_fits(parsed: ParsedRequest, capacity: int) -> None:
@@ -400,11 +461,12 @@ async def _admit(
     rid: str,
     key: KeyInfo,
     parsed: ParsedRequest,
-    grant: limits.Grant,
+    grant: limits.Grant | limits.Plan,
     adapter: Adapter | None,
     prefix: str,
     priority: str,
     wait: float | None = None,
+    alongside: limits.Plan | None = None,
 ) -> str:
     """Admitted to a replica of the pool, in the band of its ``priority`` class; ``prefix``:
     the request's salted prefix hash, for prefix-affine routing within the tenant's own cache
@@ -424,6 +486,8 @@ async def _admit(
                 adapter=adapter.engine_name if adapter else "",
                 sequences=parsed.sequences,
                 band=band(priority),
+                # Sent once: a retry after a republish has the limits taken already.
+                alongside=alongside if alongside is not None and alongside.result is None else None,
             )
         except CatalogMissing:
             if attempt:

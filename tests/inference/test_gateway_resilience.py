@@ -317,7 +317,7 @@ def test_a_silent_engine_holds_nothing(
         # Nothing is held for it: no admitted request, no concurrency lease, and the spare
         # is out of the rotation until a probe vouches for it.
         assert admission.zcard("ip:{p:online}:inflight") == 0
-        assert admission.zcard(f"ip:rl:t:{tenant.pk}:conc") == 0
+        assert admission.zcard(f"ip:rl:{{t:{tenant.pk}}}:conc") == 0
         assert str(spare.pk).encode() not in admission.hkeys("ip:{p:online}:replicas")
         assert _probe(spare_engine.url) == Replica.State.DOWN
     finally:

@@ -4,6 +4,7 @@ driven the way concurrent requests drive it: many acquisitions in flight at once
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -12,7 +13,10 @@ from asgiref.sync import sync_to_async
 from inference.gateway import limits
 from inference.gateway.auth import KeyInfo, key_info_from_db
 from inference.gateway.errors import ApiError
-from tenants.services import api_key_create, tenant_create
+from inference.gateway.redis import redis_async
+from tenants.keys import LEGACY_LAST_USED_KEY, last_used_key
+from tenants.models import ApiKey
+from tenants.services import api_key_create, api_keys_last_used_flush, tenant_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,3 +88,28 @@ async def test_a_crashed_requests_reservation_expires_with_its_lease(
         await limits.acquire(key, rid="next", estimate=900)
     await asyncio.sleep(0.4)
     await limits.acquire(key, rid="later", estimate=900)
+
+
+async def test_a_keys_last_use_reaches_its_row_and_a_failed_end_does_not_lose_it() -> None:
+    """ACQUIRE stamps the key's last use in its tenant's hash; each request's end names the
+    tenant to the flush, so a request whose end never came (its process died) is flushed
+    with the tenant's next one."""
+    key = await sync_to_async(_key)()
+    await limits.acquire(key, rid=uuid.uuid4().hex, estimate=10)  # its end never comes
+    assert await sync_to_async(api_keys_last_used_flush)() == 0  # nobody named the tenant
+    grant = await limits.acquire(key, rid=uuid.uuid4().hex, estimate=10)
+    await grant.release(5)
+    assert await sync_to_async(api_keys_last_used_flush)() == 1
+    assert (await ApiKey.objects.aget(prefix=key.prefix)).last_used_at is not None
+    assert await redis_async().exists(last_used_key(key.tenant_id)) == 0
+    assert await sync_to_async(api_keys_last_used_flush)() == 0  # nothing twice
+
+
+@pytest.mark.single_redis
+async def test_the_last_use_an_older_version_stamped_is_flushed_too() -> None:
+    """The one hash of the versions before the per-tenant ones (an upgrade's leftovers)."""
+    key = await sync_to_async(_key)()
+    await redis_async().hset(LEGACY_LAST_USED_KEY, key.prefix, int(time.time()))
+    assert await sync_to_async(api_keys_last_used_flush)() == 1
+    assert (await ApiKey.objects.aget(prefix=key.prefix)).last_used_at is not None
+    assert await redis_async().exists(LEGACY_LAST_USED_KEY) == 0

@@ -8,7 +8,7 @@ if r[3] == 'granted' then
   redis.call('DEL', key)
   unlend(ARGV[3], r[5])
   -- Lent room is never held: a batch line's next one borrows again, or goes to its spot pool.
-  if r[7] ~= '1' and owed_hold(r[1], r[4], band) then
+  if r[7] ~= '1' and ARGV[5] ~= 'nohold' and owed_hold(r[1], r[4], band) then
     redis.call('ZADD', base .. 'holds', now + HOLD,
       r[1] .. '|' .. r[4] .. '|' .. ARGV[3] .. '|' .. (r[5] or '1'))
   else

@@ -72,8 +72,7 @@ for _, key in ipairs(tracked) do
   redis.call('ZADD', key, now + lease, member)
   redis.call('PEXPIRE', key, lease * 2)
 end
--- The key's last use, in its tenant's hash; a hash made now is the caller's to announce to
--- the flush (a set of tenants in a slot of its own: ``tenants.keys``).
-local fresh = redis.call('EXISTS', KEYS[9]) == 0 and 1 or 0
+-- The key's last use, in its tenant's hash (the request's end names the tenant to the
+-- flush: a set in a slot of its own, ``tenants.keys``).
 redis.call('HSET', KEYS[9], ARGV[4], math.floor(now / 1000))
-return {1, 'ok', 0, report[1], report[2], report[3], report[4], report[5], report[6], fresh}
+return {1, 'ok', 0, report[1], report[2], report[3], report[4], report[5], report[6]}
