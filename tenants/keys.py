@@ -14,8 +14,16 @@ import secrets
 from dataclasses import dataclass
 
 KEY_TAG = "sk-ip-"
-# The tenants whose keys were used since the last flush (a Redis set); see ``last_used_key``.
-LAST_USED_TENANTS = "ip:key_last_used:tenants"
+# The tenants whose keys were used since the last flush: sets, a tenant in the one of its id
+# modulo this many (on a cluster, every request's end names its tenant: spread over slots).
+LAST_USED_SETS = 16
+
+
+def last_used_tenants_key(index: int) -> str:
+    """The set of tenants number ``index`` (a tenant id modulo ``LAST_USED_SETS``)."""
+    return f"ip:key_last_used:tenants:{index % LAST_USED_SETS}"
+
+
 # Before the per-tenant hashes, one hash for every key (flushed after an upgrade, then gone).
 LEGACY_LAST_USED_KEY = "ip:key_last_used"
 
@@ -23,7 +31,7 @@ LEGACY_LAST_USED_KEY = "ip:key_last_used"
 def last_used_key(tenant_id: int) -> str:
     """When each of a tenant's keys was last used (prefix -> epoch seconds): a Redis hash in
     the tenant's slot, stamped by the gateway's limits script on every request; each
-    request's end adds the tenant to ``LAST_USED_TENANTS``, and
+    request's end adds the tenant to its set (``last_used_tenants_key``), and
     ``services.api_keys_last_used_flush`` writes the stamps to the rows."""
     return f"ip:key_last_used:{{t:{tenant_id}}}"
 

@@ -19,7 +19,13 @@ from django.utils import timezone
 from redis.exceptions import RedisError, ResponseError
 
 from tenants.access import ROLE_PERMS, Perm
-from tenants.keys import LAST_USED_TENANTS, LEGACY_LAST_USED_KEY, key_generate, last_used_key
+from tenants.keys import (
+    LAST_USED_SETS,
+    LEGACY_LAST_USED_KEY,
+    key_generate,
+    last_used_key,
+    last_used_tenants_key,
+)
 from tenants.models import (
     ApiKey,
     AuditEvent,
@@ -637,17 +643,19 @@ def api_keys_last_used_flush() -> int:
     if not state_is_cluster():
         # The one hash of the versions before the per-tenant ones (an upgrade's leftovers).
         stamps.update(_last_used_take(client, LEGACY_LAST_USED_KEY))
-    # A tenant is named to the set by each request's end; one taken off it here whose hash
+    # A tenant is named to its set by each request's end; one taken off it here whose hash
     # a request stamps after the rename below is named again by that request.
-    while tenants := cast(list[bytes], client.spop(LAST_USED_TENANTS, 1000)):
-        try:
-            for tenant_id in tenants:
-                stamps.update(_last_used_take(client, last_used_key(int(tenant_id))))
-        except RedisError:
-            logger.warning("could not flush the keys' last use: trying again next time")
-            with contextlib.suppress(RedisError):
-                client.sadd(LAST_USED_TENANTS, *tenants)
-            break
+    for index in range(LAST_USED_SETS):
+        named = last_used_tenants_key(index)
+        while tenants := cast(list[bytes], client.spop(named, 1000)):
+            try:
+                for tenant_id in tenants:
+                    stamps.update(_last_used_take(client, last_used_key(int(tenant_id))))
+            except RedisError:
+                logger.warning("could not flush the keys' last use: trying again next time")
+                with contextlib.suppress(RedisError):
+                    client.sadd(named, *tenants)
+                break
     for prefix, stamp in stamps.items():
         ApiKey.objects.filter(prefix=prefix).update(
             last_used_at=datetime.fromtimestamp(stamp, tz=UTC)

@@ -55,6 +55,7 @@ import contextlib
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -171,6 +172,7 @@ async def _enqueue(
 
 
 async def _second(sent: asyncio.Future[tuple[Any, Any]]) -> Any:
+    """ENQUEUE's result, of ``_enqueue``'s two."""
     return (await sent)[1]
 
 
@@ -244,17 +246,20 @@ class Admission:
                 band,
             )
             sent = asyncio.ensure_future(_enqueue([base], args, alongside))
-            enqueue = asyncio.ensure_future(_second(sent))
             try:
                 beside, result = await asyncio.shield(sent)
             except asyncio.CancelledError:
-                await asyncio.shield(self._undo_enqueue(pool, rid, enqueue, future))
+                undo = self._undo_enqueue(pool, rid, _second(sent), future)
+                await asyncio.shield(undo)
                 raise
-            if alongside is not None and (
-                isinstance(beside, Exception) or not alongside.taken(beside)
-            ):
-                refund = W_IN * prompt_estimate
-                await asyncio.shield(self._undo_enqueue(pool, rid, enqueue, future, refund))
+            if alongside is not None and not alongside.taken(beside):
+                # The limits refused it: a request that never was, whose admission is undone
+                # with no service charged and no slot held for its tenant.
+                undo = self._undo_enqueue(pool, rid, _second(sent), future, W_IN * prompt_estimate)
+                try:
+                    await asyncio.shield(undo)
+                except RedisError:  # what it holds ends with its lease
+                    log.warning("could not undo the admission of %s", rid, exc_info=True)
                 raise NotTaken(beside)
             state, replica = str(result[0].decode()), str(result[1].decode())
             if state == "nocatalog":
@@ -363,7 +368,7 @@ class Admission:
         self,
         pool: str,
         rid: str,
-        enqueue: asyncio.Future[Any],
+        enqueue: Awaitable[Any],
         future: asyncio.Future[str],
         refund: float = 0,
     ) -> None:
@@ -379,12 +384,15 @@ class Admission:
         if state == "granted":
             await self.complete(pool=pool, rid=rid, adjustment=-refund, hold=not refund)
         elif state != "nocatalog":
-            await self._leave(pool, rid, future)
+            await self._leave(pool, rid, future, refund)
 
-    async def _leave(self, pool: str, rid: str, future: asyncio.Future[str]) -> None:
-        """Out of the queue, and the slot given back if a grant won the race."""
+    async def _leave(
+        self, pool: str, rid: str, future: asyncio.Future[str], refund: float = 0
+    ) -> None:
+        """Out of the queue, and the slot given back if a grant won the race (``refund``:
+        see ``_undo_enqueue``)."""
         if await self._withdraw(pool, rid, future):
-            await self.complete(pool=pool, rid=rid, adjustment=0)
+            await self.complete(pool=pool, rid=rid, adjustment=-refund, hold=not refund)
 
     async def _withdraw(self, pool: str, rid: str, future: asyncio.Future[str]) -> str:
         """Leave the queue; if the grant won the race, the replica it carries."""

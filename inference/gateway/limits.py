@@ -31,7 +31,7 @@ from inference.gateway.db import run_db
 from inference.gateway.errors import ApiError, overloaded
 from inference.gateway.lua import Batch, Script
 from inference.gateway.redis import redis_async
-from tenants.keys import LAST_USED_TENANTS, last_used_key
+from tenants.keys import last_used_key, last_used_tenants_key
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Grant:
         member added again costs nothing, and no stamp waits on one request's end."""
         keys, args = self._release_args(actual_tokens, cost_micros)
         pipe.script(RELEASE, keys, args, then=_queue_notices)
-        pipe.sadd(LAST_USED_TENANTS, self.key.tenant_id)
+        pipe.sadd(last_used_tenants_key(self.key.tenant_id), self.key.tenant_id)
 
 
 async def _queue_notices(notices: list[bytes]) -> None:
@@ -249,7 +249,8 @@ class Plan:
         return ACQUIRE
 
     def taken(self, result: Any) -> bool:
-        return int(result[0]) == 1
+        """Whether ACQUIRE's ``result`` took the limits (an error, or none yet, did not)."""
+        return isinstance(result, list) and int(result[0]) == 1
 
     def grant(self) -> Grant:
         """The grant of a plan ACQUIRE took (``result``): the headers it reported."""

@@ -225,6 +225,9 @@ async def prepare(
         screen is None
         and lender is None
         and (ticket is None or not (ticket.read or ticket.semantic is not None))
+        # A pool that lends room takes it back for a request that would wait: not for one
+        # its limits may refuse.
+        and not pool_info.lend_percent
         and not limits.refused_lately(key)
     ):
         # Nothing decides between the limits and admission: both go in one round trip.

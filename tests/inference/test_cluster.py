@@ -21,7 +21,7 @@ from inference.gateway.auth import KeyInfo
 from inference.gateway.errors import ApiError
 from inference.gateway.lua import Batch
 from inference.gateway.redis import redis_async
-from tenants.keys import LAST_USED_TENANTS, last_used_key
+from tenants.keys import last_used_key, last_used_tenants_key
 from tenants.models import ApiKey
 from tenants.services import api_keys_last_used_flush
 from tests.inference.test_limits import _key
@@ -58,7 +58,8 @@ async def test_a_tenants_limits_live_in_its_slot_and_its_keys_last_use_is_flushe
     for grant in grants:
         grant.release_into(batch, 5)
     await batch.execute()
-    assert await redis_async().smembers(LAST_USED_TENANTS) == {str(key.tenant_id).encode()}
+    named = await redis_async().smembers(last_used_tenants_key(key.tenant_id))
+    assert named == {str(key.tenant_id).encode()}
     assert await sync_to_async(api_keys_last_used_flush)() == 1
     used = await ApiKey.objects.aget(prefix=key.prefix)
     assert used.last_used_at is not None

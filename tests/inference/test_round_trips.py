@@ -16,8 +16,9 @@ import orjson
 import pytest
 
 from inference.catalog import catalog_publish
+from inference.gateway import admission as admission_module
 from inference.gateway import limits
-from inference.gateway.admission import PROGRESS, RENEW, TICK, queue_state
+from inference.gateway.admission import PROGRESS, TICK, queue_state
 from inference.gateway.auth import KeyInfo, key_info_from_db
 from inference.gateway.errors import ApiError
 from inference.gateway.lifecycle import Lifecycle
@@ -29,9 +30,16 @@ from tests.serving import world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
-# Not a request's own work: the lease renewer and the hold ticker run on their clocks, and a
-# stream longer than a second charges its progress each second (``relay.PROGRESS_SECONDS``).
-BACKGROUND = {s.sha for s in (RENEW, TICK, PROGRESS)}
+# Not a request's own work: the hold ticker runs on its clock, and a stream longer than a
+# second charges its progress each second (``relay.PROGRESS_SECONDS``). (The lease renewer's
+# clock is stopped: ``_no_renewals``.)
+BACKGROUND = {s.sha for s in (TICK, PROGRESS)}
+
+
+@pytest.fixture(autouse=True)
+def _no_renewals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leases' renewer wakes every 5 s; a request here lasts well under its leases."""
+    monkeypatch.setattr(admission_module, "RENEW_EVERY", 3600.0)
 
 
 def _body(max_tokens: int = 4) -> bytes:
@@ -136,6 +144,9 @@ def test_a_refused_request_leaves_nothing_in_admission_and_goes_one_at_a_time_af
         with _counted(trips), pytest.raises(ApiError) as refused:
             await _request(key)
         assert refused.value.status == 429
+        # It went the one-trip way (nothing had refused the key yet): ACQUIRE beside ENQUEUE,
+        # then ENQUEUE's grant given back, then the refusal noted for the dashboard.
+        assert trips[0] == "pipeline:EVALSHA,EVALSHA", trips
         assert limits.refused_lately(key)
         trips.clear()
         with _counted(trips), pytest.raises(ApiError):
