@@ -35,6 +35,10 @@ class Tally:
         self.db = int((urlsplit(redis_url).path or "/0").strip("/") or 0)
         self.client = redis.Redis.from_url(redis_url, socket_timeout=None)  # (MONITOR: long waits)
         self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        # The calls inside each script, by the script (MONITOR shows a script's EVALSHA and
+        # then the calls it makes: Redis runs one at a time).
+        self.by_script: collections.Counter[str] = collections.Counter()
+        self.script = ""
         # Seconds from a usage record's XADD (its stream id is the server's clock, in ms) to
         # the drain's XACK of it, which follows the ledger's commit.
         self.ledger_lags: list[float] = []
@@ -58,6 +62,11 @@ class Tally:
                 name = words[0].upper()
                 with self.lock:
                     self.counts[(caller, name)] += 1
+                    if caller == "client" and name in ("EVALSHA", "EVAL") and len(words) > 1:
+                        self.script = words[1].strip('"')[:8] if name == "EVALSHA" else "eval"
+                        self.by_script[f"{self.script} runs"] += 1
+                    elif caller == "lua":
+                        self.by_script[f"{self.script} calls"] += 1
                     if name == "XACK" and len(words) > 3 and words[1] == USAGE_STREAM:
                         acked = float(event["time"])
                         for entry in words[3:]:
@@ -67,7 +76,32 @@ class Tally:
         """What was counted since the last take (and start counting afresh)."""
         with self.lock:
             counts, self.counts = self.counts, collections.Counter()
+            self.by_script = collections.Counter()
         return counts
+
+    def take_scripts(self) -> collections.Counter[str]:
+        with self.lock:
+            counts, self.by_script = self.by_script, collections.Counter()
+        return counts
+
+
+def _script_names() -> dict[str, str]:
+    """The gateway's scripts by the start of their SHA (empty when the project cannot load)."""
+    try:
+        import django
+
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+        django.setup()
+        from inference.gateway import admission, cache, limits, lora
+        from inference.gateway.lua import Script
+    except Exception:  # a stack of another checkout: SHAs only
+        return {}
+    return {
+        value.sha[:8]: value.name
+        for module in (admission, cache, limits, lora)
+        for value in vars(module).values()
+        if isinstance(value, Script)
+    }
 
 
 def _table(counts: collections.Counter[tuple[str, str]], per: float, unit: str) -> None:
@@ -113,6 +147,7 @@ def main() -> None:
         for _ in range(args.requests):
             http.post("/v1/chat/completions", json=body, timeout=60).raise_for_status()
         elapsed = time.monotonic() - started
+    scripts = tally.take_scripts()
     seen = tally.take()
     time.sleep(3)  # the drain's last acknowledgements
     tally.stop.set()
@@ -123,6 +158,11 @@ def main() -> None:
             net[k] = round(n)
     print(f"{args.requests} requests (idle rate subtracted): commands per request")
     _table(net, args.requests, "/request")
+    names = _script_names()
+    print("  by script: runs and the calls inside, per request")
+    for label, n in sorted(scripts.items(), key=lambda row: -row[1]):
+        sha, _, what = label.partition(" ")
+        print(f"         {names.get(sha, sha):20} {what:5} {n / args.requests:8.2f}")
     lags = sorted(tally.ledger_lags)
     if lags:
         p50, worst = lags[len(lags) // 2], lags[-1]

@@ -37,13 +37,22 @@ local function reap()
     redis.call('ZREM', base .. 'inflight', rid)
     redis.call('DEL', base .. 'req:' .. rid)
   end
-  -- Slots held for a tenant that did not come back in time go to whoever waits.
-  for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', '-inf', now)) do
-    local tenant, rep, _, seqs = string.match(h, '^([^|]*)|([^|]*)|([^|]*)|?(%d*)$')
-    unload(rep, seqs)
-    deactivate(tenant)
-    redis.call('ZREM', base .. 'holds', h)
+  -- Slots held for a tenant that did not come back in time go to whoever waits; the live
+  -- ones are returned (ENQUEUE looks for its tenant's among them).
+  local holds = redis.call('ZRANGE', base .. 'holds', 0, -1, 'WITHSCORES')
+  local live = {}
+  for i = 1, #holds, 2 do
+    local h = holds[i]
+    if tonumber(holds[i + 1]) <= now then
+      local tenant, rep, _, seqs = string.match(h, '^([^|]*)|([^|]*)|([^|]*)|?(%d*)$')
+      unload(rep, seqs)
+      deactivate(tenant)
+      redis.call('ZREM', base .. 'holds', h)
+    else
+      live[#live + 1] = h
+    end
   end
+  return live
 end
 
 local function pick_replica(prefix, adapter, seqs)
@@ -87,8 +96,11 @@ local function pick_replica(prefix, adapter, seqs)
   return best
 end
 
+-- The pool's policy, read once per script run (it changes only with a catalog publish).
+local pool_policy = nil
 local function policy()
-  return redis.call('GET', base .. 'policy') or 'vtc'
+  if pool_policy == nil then pool_policy = redis.call('GET', base .. 'policy') or 'vtc' end
+  return pool_policy
 end
 
 -- Priority bands (0 runs first, BANDS - 1 last): each has its own queues, backlog and
@@ -108,11 +120,12 @@ local function band_waits(band)
   return redis.call('EXISTS', backlog_key(band), fcfs_key(band)) > 0
 end
 
-local function leave_backlog_if_empty(band, tenant)
+-- (``counter``: the tenant's counter in the band, when the caller has it already.)
+local function leave_backlog_if_empty(band, tenant, counter)
   if redis.call('LLEN', qkey(band, tenant)) == 0 then
     redis.call('ZREM', backlog_key(band), tenant)
     redis.call('SET', base .. 'last_left:' .. band,
-      redis.call('HGET', counters_key(band), tenant) or '0')
+      counter or redis.call('HGET', counters_key(band), tenant) or '0')
     return true
   end
   return false
@@ -155,7 +168,20 @@ end
 local LOWER_BANDS = {}
 for band = 1, BANDS - 1 do LOWER_BANDS[#LOWER_BANDS + 1] = band end
 
+-- Every band's waiting lists: one EXISTS says whether anything waits at all (the common case
+-- at a request's end: nothing, and no band is looked at). With nothing waiting, no band is
+-- being passed over any more: the starvation guard's counts start again (``passed``).
+local WAIT_KEYS = {}
+for band = 0, BANDS - 1 do
+  WAIT_KEYS[#WAIT_KEYS + 1] = backlog_key(band)
+  WAIT_KEYS[#WAIT_KEYS + 1] = fcfs_key(band)
+end
+
 local function next_request()
+  if redis.call('EXISTS', unpack(WAIT_KEYS)) == 0 then
+    redis.call('DEL', base .. 'passed')
+    return nil
+  end
   local passed = redis.call('HMGET', base .. 'passed', unpack(LOWER_BANDS))
   for i, band in ipairs(LOWER_BANDS) do
     if tonumber(passed[i] or '0') >= SHARE - 1 then
@@ -261,7 +287,8 @@ local function dispatch(self_rid)
     local n = next_request()
     if not n then break end
     local rid, tenant, list, kind, band = n[1], n[2], n[3], n[4], n[5]
-    local head = redis.call('HMGET', base .. 'req:' .. rid, 'prefix', 'adapter', 'seqs', 'since')
+    local head = redis.call('HMGET', base .. 'req:' .. rid, 'prefix', 'adapter', 'seqs', 'since',
+      'weight', 'est', 'proc')
     local rep = pick_replica(head[1], head[2], head[3])
     -- Lent room is the waiting request's before anything else (backfill included).
     while not rep and reclaim(head[3]) do rep = pick_replica(head[1], head[2], head[3]) end
@@ -276,11 +303,12 @@ local function dispatch(self_rid)
       rid, tenant, list, rep = b[1], b[2], b[3], b[4]
     end
     local key = base .. 'req:' .. rid
-    local r = redis.call('HMGET', key, 'weight', 'est', 'proc', 'seqs')
+    local r = {head[5], head[6], head[7], head[3]}  -- weight est proc seqs
+    if rid ~= n[1] then r = redis.call('HMGET', key, 'weight', 'est', 'proc', 'seqs') end  -- backfilled
     redis.call('LPOP', list)
     local cost = tonumber(r[2]) / tonumber(r[1])
     local c = redis.call('HINCRBYFLOAT', counters_key(band), tenant, cost)
-    if kind == 'vtc' and not leave_backlog_if_empty(band, tenant) then
+    if kind == 'vtc' and not leave_backlog_if_empty(band, tenant, c) then
       redis.call('ZADD', backlog_key(band), c, tenant)
     end
     passed_over(band)
@@ -304,13 +332,14 @@ end
 -- heaviest tenant. Without this, a tenant with a few closed-loop clients loses a slot at
 -- every completion. Never while a higher band waits: its requests go first.
 local function owed_hold(tenant, rep, band)
+  -- Nobody backlogged in the band (the usual case under light load) decides it at once.
+  local low = redis.call('ZRANGE', backlog_key(band), 0, 0, 'WITHSCORES')
+  if #low == 0 then return false end
   if policy() == 'fcfs' or redis.call('LLEN', qkey(band, tenant)) > 0 then return false end
   if redis.call('HEXISTS', base .. 'replicas', rep) == 0 then return false end
   for higher = 0, band - 1 do
     if band_waits(higher) then return false end
   end
-  local low = redis.call('ZRANGE', backlog_key(band), 0, 0, 'WITHSCORES')
-  if #low == 0 then return false end
   local c = tonumber(redis.call('HGET', counters_key(band), tenant) or '0')
   return c <= tonumber(low[2])
 end

@@ -1,4 +1,4 @@
-reap()
+local live_holds = reap()
 if redis.call('EXISTS', base .. 'replicas') == 0 then return {'nocatalog', ''} end
 local rid, tenant, weight, est = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local seqs = tonumber(ARGV[11])
@@ -12,7 +12,7 @@ redis.call('PEXPIRE', key, wait + 3600000)
 -- Slots held for this tenant (see owed_hold): take them at once if the request fits in
 -- them (giving back the rest); one that does not fit, or that a higher band's waiting
 -- request would go before, lets them go and queues.
-for _, h in ipairs(redis.call('ZRANGEBYSCORE', base .. 'holds', now, '+inf')) do
+for _, h in ipairs(live_holds) do
   if string.sub(h, 1, #tenant + 1) == tenant .. '|' then
     local rep, _, held = string.match(h, '^[^|]*|([^|]*)|([^|]*)|?(%d*)$')
     held = tonumber(held) or 1
