@@ -24,7 +24,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from inference.gateway.redis import redis_async
+from inference.gateway.redis import client_ready, redis_async
 
 LUA_DIR = Path(__file__).with_name("lua")
 
@@ -94,7 +94,8 @@ class Batch:
         return queue
 
     async def _send(self, indexes: list[int]) -> list[Any]:
-        pipe = redis_async().pipeline(transaction=False)
+        # (A new cluster client learns its nodes first: ``client_ready``.)
+        pipe = (await client_ready(redis_async())).pipeline(transaction=False)
         for i in indexes:
             command, args, kwargs, _ = self.ops[i]
             getattr(pipe, command)(*args, **kwargs)

@@ -16,6 +16,7 @@ from asgiref.sync import sync_to_async
 from controlplane.redis import redis_sync
 from inference.catalog import pool_prefix
 from inference.gateway import limits
+from inference.gateway import redis as gateway_redis
 from inference.gateway.admission import Admission
 from inference.gateway.auth import KeyInfo
 from inference.gateway.errors import ApiError
@@ -154,3 +155,19 @@ async def test_a_master_killed_mid_work_its_replica_takes_over_and_work_goes_on(
     # leave its own, which ends with its lease (limits.LEASE_MS) like a crashed process's.
     held = await redis_async().zcard(limits._scopes(key, limits._month())[0]["conc"])
     assert held <= errors
+
+
+async def test_a_new_client_takes_many_batches_at_once() -> None:
+    """A web process's first requests arrive together on a client that does not know the
+    cluster yet (each test's event loop has a new one): every batch runs, none meets the
+    seed connection being closed under it (redis-py 8.1; ``inference.gateway.redis``)."""
+    key = await sync_to_async(_key)()
+    grants = [await limits.acquire(key, rid=uuid.uuid4().hex, estimate=10) for _ in range(80)]
+    gateway_redis._shared.clear()  # the next command makes a new client, as a new process
+    batches = []
+    for grant in grants:
+        batch = Batch()
+        grant.release_into(batch, 5)
+        batches.append(batch.execute())
+    results = await asyncio.gather(*batches, return_exceptions=True)
+    assert [r for r in results if isinstance(r, BaseException)] == []
