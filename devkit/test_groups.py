@@ -64,13 +64,15 @@ CLUSTER_TESTS = (
     "tests/billing/test_spool.py",
     "tests/billing/test_budget_warnings.py",
     "tests/moderation/test_events_drain.py",
+    # The live stack on the cluster (an engine, web, drains, Celery; marked ``on_cluster``).
+    "tests/inference/test_cluster_stack.py",
 )
 
 GROUPS = (
     Group("quick", ("-m", f"not ({LIVE})", f"--ignore={CLUSTER_TESTS[0]}"), redis_db=10),
     Group(
         "cluster",
-        ("-m", f"not ({LIVE})", *CLUSTER_TESTS),
+        ("-m", f"not ({LIVE}) or on_cluster", *CLUSTER_TESTS),
         redis_db=9,
         env=(("INFERPLANE_TEST_STATE", "cluster"),),
     ),

@@ -39,6 +39,7 @@ class Cluster:
     directory: Path
     ports: list[int]  # the masters first, then their replicas in the same order
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    masters_at_kill: set[int] = field(default_factory=set)
 
     @property
     def url(self) -> str:
@@ -97,17 +98,38 @@ class Cluster:
         raise LookupError(slot)
 
     def kill(self, port: int) -> None:
+        self.masters_at_kill = set(self.masters())  # the replica promoted is the new one
         self.processes[port].send_signal(signal.SIGKILL)
         self.processes[port].wait(10)
 
+    def wait_replicated(self, master: int, timeout: float = 30) -> None:
+        """Every write ``master`` took so far has reached its replica (the replication is
+        asynchronous: a master killed before would lose what it had not sent)."""
+        written = int(self.client(master).info("replication")["master_repl_offset"])
+        deadline = time.monotonic() + timeout
+        while True:
+            replicas = self.client(master).info("replication")
+            offsets = [v["offset"] for k, v in replicas.items() if k.startswith("slave")]
+            if offsets and min(int(o) for o in offsets) >= written:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the replica of {master} did not catch up")
+            time.sleep(0.05)  # replication acknowledges once a second or on demand: polled
+
     def wait_ok(self, timeout: float = 30) -> None:
-        """Every live node says the cluster is ok and serves all 16384 slots."""
+        """Every live node says the cluster is ok and serves all 16384 slots, and every
+        live replica is in sync with its master (one that is not could not take over)."""
         deadline = time.monotonic() + timeout
         while True:
             alive = [p for p in self.ports if self.processes[p].poll() is None]
             try:
                 infos = [self.command(p, "CLUSTER", "INFO").decode() for p in alive]
-                if all("cluster_state:ok" in i and "cluster_slots_ok:16384" in i for i in infos):
+                roles = [self.client(p).info("replication") for p in alive]
+                if all(
+                    "cluster_state:ok" in i and "cluster_slots_ok:16384" in i for i in infos
+                ) and all(
+                    r["role"] == "master" or r.get("master_link_status") == "up" for r in roles
+                ):
                     return
             except redis.RedisError:
                 pass
@@ -122,7 +144,7 @@ class Cluster:
             masters = self.masters()
             if dead not in masters and len(masters) == MASTERS:
                 self.wait_ok(timeout=max(1, deadline - time.monotonic()))
-                (promoted,) = set(masters) - set(self.ports[:MASTERS])
+                (promoted,) = set(masters) - self.masters_at_kill
                 return promoted
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no replica took over from {dead}")
@@ -163,14 +185,7 @@ def cluster_start() -> Cluster:
             capture_output=True,
             timeout=60,
         )
-        cluster.wait_ok()
-        # Each replica has its master's data (a failover loses nothing written before).
-        deadline = time.monotonic() + 30
-        for port in cluster.ports[MASTERS:]:
-            while cluster.client(port).info("replication").get("master_link_status") != "up":
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"replica {port} did not sync")
-                time.sleep(0.1)  # as above
+        cluster.wait_ok()  # each replica has its master's data: a failover loses nothing
     except BaseException:
         cluster_stop(cluster)
         raise

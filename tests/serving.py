@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from billing.models import UsageRecord
-from fleet.models import Pool
+from fleet.models import Model, Pool, Replica
 from inference.services import model_ensure, pool_ensure, replica_probe
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create
@@ -61,6 +61,23 @@ def world_rows(engines: list[Engine], **pool_settings: Any) -> None:
 
     catalog_publish()
     time.sleep(1.1)  # the live web processes refresh their catalog copy when told
+
+
+def spot_pool(engines: list[Engine], **pool_settings: Any) -> Pool:
+    """A spot pool (batch lines' pool) of the tiny model on ``engines``, probed ready (after
+    ``world_rows``; the caller publishes the catalog)."""
+    pool = pool_ensure(
+        name="spot",
+        kind="spot",
+        model=Model.objects.get(name="tiny-chat"),
+        replica_urls=[e.url for e in engines],
+    )
+    if pool_settings:
+        Pool.objects.filter(pk=pool.pk).update(**pool_settings)
+    for replica in pool.replicas.all():
+        replica_probe(replica=replica)
+    assert set(pool.replicas.values_list("state", flat=True)) == {Replica.State.READY}
+    return pool
 
 
 @pytest.fixture(scope="module")

@@ -99,6 +99,8 @@ class Batch:
         for i in indexes:
             command, args, kwargs, _ = self.ops[i]
             getattr(pipe, command)(*args, **kwargs)
+        # Errors are raised below, after the ``then`` of the scripts that ran. (On a
+        # cluster the pipeline is sent once, never retried: ``redis._SentOnce``.)
         results: list[Any] = await pipe.execute(raise_on_error=False)
         return results
 

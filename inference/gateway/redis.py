@@ -8,7 +8,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from django.conf import settings
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import PipelineStrategy, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -40,6 +40,42 @@ class _Cluster(RedisCluster):
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         await self.ready()
         return await super().execute_command(*args, **kwargs)
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        if not transaction:
+            pipe._execution_strategy = _SentOnce(pipe)
+        return pipe
+
+
+class _SentOnce(PipelineStrategy):
+    """A cluster pipeline sent once. redis-py retries a pipeline one of whose nodes failed,
+    and sends again every command whose answer it lacks or whose answer was empty: a script
+    that had run on a live node ran again — a request's end met a dead node and RELEASE added
+    the request's tokens to its tenant's month four times (tests/inference/test_cluster.py).
+    This one raises instead, and the caller's fallback takes over (``settle`` writes the
+    usage record to Postgres); the client learns the cluster again on its next command."""
+
+    async def execute(
+        self, raise_on_error: bool = True, allow_redirections: bool = True
+    ) -> list[Any]:
+        if not self._command_queue:
+            return []
+        client = self._pipe.cluster_client
+        try:
+            if isinstance(client, _Cluster):
+                await client.ready()
+            return await self._execute(
+                client,
+                self._command_queue,
+                raise_on_error=raise_on_error,
+                allow_redirections=allow_redirections,
+            )
+        except RedisCluster.ERRORS_ALLOW_RETRY:
+            await client.aclose()  # as redis-py's retry does: the next command re-learns
+            raise
+        finally:
+            await self.reset()  # type: ignore[no-untyped-call]
 
 
 async def client_ready(client: aioredis.Redis) -> aioredis.Redis:

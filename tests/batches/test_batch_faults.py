@@ -27,7 +27,7 @@ from tests.batches.test_batches import _content, _create, _finished, _line, _unt
 from tests.conftest import run_manage
 from tests.engines import ENGINE_HEADERS, Engine, engine_start, started_engine
 from tests.live import engine_counters, settled_counters, wait_for, worker_start
-from tests.serving import world_rows
+from tests.serving import spot_pool, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -38,17 +38,8 @@ _slugs = itertools.count(1)
 def spot_rows(transactional_db: None, engine: Engine) -> None:
     """The tiny model with an online pool and a spot pool on the session's engine."""
     world_rows([engine])
-    pool = pool_ensure(
-        name="spot",
-        kind="spot",
-        model=Model.objects.get(name="tiny-chat"),
-        replica_urls=[engine.url],
-    )
     # Two sequences at a time: a batch's other lines wait their turn in admission, claimed.
-    Pool.objects.filter(pk=pool.pk).update(max_inflight=2)
-    for replica in pool.replicas.all():
-        replica_probe(replica=replica)
-    assert set(pool.replicas.values_list("state", flat=True)) == {Replica.State.READY}
+    spot_pool([engine], max_inflight=2)
     catalog_publish()
     time.sleep(1.1)
 

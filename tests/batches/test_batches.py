@@ -34,15 +34,14 @@ from batches.services import batches_expire
 from billing.models import UsageRecord
 from billing.services import price_set
 from contract import UsageRecord as UsageRecord_
-from fleet.models import Model, Replica
+from fleet.models import Model
 from inference.catalog import catalog_publish
-from inference.services import pool_ensure, replica_probe
 from tenants.models import ApiKey
 from tenants.services import api_key_create, tenant_limits_update
 from tests import contract
 from tests.engines import Engine
 from tests.live import wait_for
-from tests.serving import World, world
+from tests.serving import World, spot_pool, world
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -52,15 +51,7 @@ __all__ = ["world"]  # the fixture
 @pytest.fixture
 def spot(world: World, engine: Engine) -> World:
     """The world's online pool, and a spot pool of the same model on the same engine."""
-    pool = pool_ensure(
-        name="spot",
-        kind="spot",
-        model=Model.objects.get(name="tiny-chat"),
-        replica_urls=[engine.url],
-    )
-    for replica in pool.replicas.all():
-        replica_probe(replica=replica)
-    assert set(pool.replicas.values_list("state", flat=True)) == {Replica.State.READY}
+    spot_pool([engine])
     catalog_publish()
     time.sleep(1.1)
     return world

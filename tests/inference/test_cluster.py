@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 from asgiref.sync import sync_to_async
+from redis.exceptions import RedisError
 
 from controlplane.redis import redis_sync
 from inference.catalog import pool_prefix
@@ -171,3 +172,46 @@ async def test_a_new_client_takes_many_batches_at_once() -> None:
         batches.append(batch.execute())
     results = await asyncio.gather(*batches, return_exceptions=True)
     assert [r for r in results if isinstance(r, BaseException)] == []
+
+
+def _key_on_another_master(cluster: Cluster, than: int) -> str:
+    """A key (of this test's own) that a master other than ``than`` holds."""
+    for n in range(1000):
+        name = f"ip:test:{{elsewhere-{n}}}"
+        if cluster.master_of(name) != than:
+            return name
+    raise LookupError(than)
+
+
+async def test_a_requests_end_that_meets_a_dead_node_runs_nothing_twice(
+    redis_cluster: Cluster,
+) -> None:
+    """A request's end is one pipeline over several nodes, and one of them is dead: what ran
+    on the live nodes ran once, and the failure reaches the caller, whose fallback takes over
+    (settle: the record straight to Postgres). redis-py's own cluster pipeline retried, and
+    sent again each command whose answer it lacked or that answered empty: RELEASE ("no
+    notices") added the request's tokens to its tenant's month four times
+    (``inference.gateway.redis._SentOnce``)."""
+    key = await sync_to_async(_key)(monthly_token_budget=1_000_000)
+    counter = limits._scopes(key, limits._month())[0]["month"]
+    tenants_master = redis_cluster.master_of(counter)
+    elsewhere = _key_on_another_master(redis_cluster, tenants_master)
+    dead = redis_cluster.master_of(elsewhere)
+    first, second = [await limits.acquire(key, rid=uuid.uuid4().hex, estimate=10) for _ in range(2)]
+    before = int(await redis_async().get(counter) or 0)
+    batch = Batch()
+    first.release_into(batch, 400)
+    await batch.execute()
+    once = int(await redis_async().get(counter) or 0) - before
+    redis_cluster.kill(dead)
+    try:
+        batch = Batch()
+        second.release_into(batch, 400)
+        batch.xadd(elsewhere, {"f": "v"})  # on the dead node: this end's round trip fails
+        with pytest.raises(RedisError):
+            await batch.execute()
+        await asyncio.to_thread(redis_cluster.wait_promoted, dead)
+    finally:
+        await asyncio.to_thread(redis_cluster.start_node, dead)
+        await asyncio.to_thread(redis_cluster.wait_ok)
+    assert int(await redis_async().get(counter) or 0) - before == 2 * once

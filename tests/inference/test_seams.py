@@ -19,7 +19,6 @@ from asgiref.sync import async_to_sync
 
 from billing.models import UsageRecord
 from billing.spool import usage_spool_flush
-from fleet.models import Model, Replica
 from inference.catalog import catalog_publish
 from inference.gateway.admission import queue_state
 from inference.gateway.auth import KeyInfo, key_info_from_db
@@ -31,13 +30,12 @@ from inference.gateway.schema import ParsedRequest
 from inference.gateway.seams import PassThrough, Screened
 from inference.gateway.upstream import engine_session
 from inference.gateway.v1 import SSE_DONE, sse_frame
-from inference.services import pool_ensure, replica_probe
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create
 from tests import contract
 from tests.engines import Engine
 from tests.live import settled_counters
-from tests.serving import world_rows
+from tests.serving import spot_pool, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -83,15 +81,7 @@ def serving(transactional_db: None, engine: Engine) -> Serving:
     """The online pool of the live tests, and a spot pool of the same model on the same
     engine (batch lines' pool)."""
     world_rows([engine])
-    spot = pool_ensure(
-        name="spot",
-        kind="spot",
-        model=Model.objects.get(name="tiny-chat"),
-        replica_urls=[engine.url],
-    )
-    for replica in spot.replicas.all():
-        replica_probe(replica=replica)
-    assert set(spot.replicas.values_list("state", flat=True)) == {Replica.State.READY}
+    spot_pool([engine])
     catalog_publish()
     return Serving(engine=engine)
 

@@ -1,0 +1,148 @@
+"""The whole stack — two web processes, the drains, a Celery worker and beat, a real engine —
+with the data plane's state on a Redis Cluster (``make test``'s cluster group): streams in
+flight outlive the death of the master that holds the usage stream, nothing is billed twice
+or lost, the gateway and the drains recover by themselves, and a batch runs on it."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from billing.models import UsageRecord
+from billing.spool import USAGE_STREAM
+from inference.catalog import catalog_publish
+from tests.batches.test_batches import _create, _finished, _line, _until, _upload
+from tests.conftest import test_database_url
+from tests.engines import Engine
+from tests.live import settled_counters, wait_for
+from tests.redis_cluster import Cluster
+from tests.serving import World, spot_pool, world_rows
+
+pytestmark = [
+    pytest.mark.on_cluster,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        os.environ.get("INFERPLANE_TEST_STATE") != "cluster",
+        reason="make test's cluster group runs these (INFERPLANE_TEST_STATE=cluster)",
+    ),
+]
+
+STREAMS = 6
+TOKENS = 256  # each stream's length (ignore_eos): seconds here, far past the kill
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
+
+
+def _stream(client: openai.OpenAI, first: threading.Barrier) -> tuple[str, Any]:
+    """One streamed answer to its end: (request id, usage). Waits at ``first`` with its
+    first token, so the test acts while every stream is open."""
+    response = client.chat.completions.with_raw_response.create(
+        model="tiny-chat",
+        messages=CHAT,
+        max_tokens=TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    usage, waited = None, False
+    for chunk in response.parse():
+        if chunk.choices and not waited:
+            first.wait(timeout=120)
+            waited = True
+        usage = chunk.usage or usage
+    return response.headers["x-request-id"], usage
+
+
+def test_streams_outlive_a_master_killed_under_them_nothing_billed_twice_and_a_batch_runs(
+    engine: Engine, redis_cluster: Cluster, stack_factory: Any
+) -> None:
+    world_rows([engine])
+    spot_pool([engine])
+    catalog_publish()
+    stack = stack_factory(test_database_url(), workers=2, name="cluster")
+    world = World(stack=stack, engines=[engine])
+    tenant, key = world.tenant(rpm=10_000, max_concurrency=STREAMS + 2)
+    client = stack.openai(key)
+    before = settled_counters(engine)
+
+    # The streams get their first tokens; then the master holding the usage stream (where
+    # every stream's end writes its record, and the drains read) dies the hard way.
+    first = threading.Barrier(STREAMS + 1)
+    done: list[tuple[str, Any]] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(_stream(client, first))
+        except BaseException as error:  # reported by the assertion below
+            failed.append(error)
+            first.abort()
+
+    threads = [threading.Thread(target=run) for _ in range(STREAMS)]
+    for thread in threads:
+        thread.start()
+    dead = redis_cluster.master_of(USAGE_STREAM)
+    try:
+        first.wait(timeout=120)
+        redis_cluster.wait_replicated(dead)  # what it holds, its replica has
+        redis_cluster.kill(dead)
+        for thread in threads:
+            thread.join(timeout=120)
+        promoted = redis_cluster.wait_promoted(dead)
+        assert promoted != dead
+    finally:
+        redis_cluster.start_node(dead)  # it comes back as the replica of its old slots
+    assert failed == []
+    # Every stream ran to its end, whole: the engine does not need Redis to stream.
+    assert len(done) == STREAMS
+    assert {usage.completion_tokens for _, usage in done} == {TOKENS}
+
+    # The gateway serves again by itself (the web processes' clients learn the new master);
+    # requests refused meanwhile got a 503, never an answer unmetered.
+    def served() -> bool:
+        try:
+            client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=2)
+        except openai.APIStatusError as error:
+            assert error.status_code == 503, error
+            return False
+        return True
+
+    wait_for(served, timeout=60, every=0.5)
+    redis_cluster.wait_ok()
+
+    # A batch runs on the spot pool: the Celery worker's admission is on the cluster too.
+    file_id = _upload(client, [_line(f"line-{i}") for i in range(3)])
+    batch = _until(client, _create(client, file_id).id, _finished)
+    assert batch.status == "completed", batch
+    assert batch.request_counts.completed == 3
+
+    # The ledger: every request once (the records of the streams ended while the node was
+    # away went straight to Postgres, or through the stream once the replica took over, and
+    # the drains read on from the new master), and exactly what the engine counted.
+    after = settled_counters(engine)
+    counted = tuple(
+        after[name] - before[name]
+        for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+    )
+    rids = {rid for rid, _ in done}
+    seen: list[tuple[int, int]] = []
+
+    def billed() -> bool:
+        records = UsageRecord.objects.filter(tenant=tenant)
+        seen.append(
+            (sum(r.prompt_tokens for r in records), sum(r.completion_tokens for r in records))
+        )
+        return seen[-1] == counted
+
+    try:
+        wait_for(billed, timeout=60)  # the drains reach the ledger
+    except AssertionError:
+        raise AssertionError(f"ledger {seen[-1]} against the engine's {counted}") from None
+    records = list(UsageRecord.objects.filter(tenant=tenant))
+    assert sum(r.completion_tokens for r in records if r.request_id in rids) == STREAMS * TOKENS
+    assert "batch" in {r.mode for r in records if r.request_id not in rids}
