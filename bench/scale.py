@@ -42,6 +42,7 @@ from typing import Any, cast
 import httpx
 
 from bench.harness import ROOT, _spawn, _stop, _wait_http, free_port
+from devkit.redis_cluster import cluster_start, cluster_stop
 
 DB_URL = os.environ.get(
     "BENCH_SCALE_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/inferplane_scale"
@@ -651,6 +652,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes: under five minutes")
     parser.add_argument("--only", default="admission,catalog,keys,ledger")
     parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="admission: also one pool and the limits on a Redis Cluster (3 masters, started "
+        "from the machine's redis-server), against one Redis",
+    )
+    parser.add_argument(
         "--invoice-rows",
         type=int,
         default=None,
@@ -665,7 +672,14 @@ def main() -> None:
         from bench import scale_admission
 
         if "admission" in only:
-            results["admission"] = scale_admission.admission(args.quick, REDIS_URL)
+            cluster = cluster_start() if args.cluster else None
+            try:
+                results["admission"] = scale_admission.admission(
+                    args.quick, REDIS_URL, cluster.url if cluster else None
+                )
+            finally:
+                if cluster:
+                    cluster_stop(cluster)
         if "keys" in only:
             results["keys"] = scale_admission.keys(args.quick, DB_URL, REDIS_URL)
     if "catalog" in only:

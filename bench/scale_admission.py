@@ -114,9 +114,7 @@ def _django(redis_url: str, database_url: str | None = None) -> None:
 
     if redis_url != settings.REDIS_URL:  # set up by someone else: the hot path's clients
         settings.REDIS_URL = redis_url  # are made per event loop, from this
-        from controlplane.redis import redis_sync
-
-        redis_sync.cache_clear()
+    _state_at(redis_url)
     if database_url:
         from django.db import connections
 
@@ -132,32 +130,87 @@ def _django(redis_url: str, database_url: str | None = None) -> None:
             del connections["default"]
 
 
+def _state_at(url: str) -> None:
+    """The gateway's state (``STATE_REDIS_URL``: one Redis, or ``redis+cluster://``) for the
+    phases that follow; the hot path's clients are made again from it."""
+    from django.conf import settings
+
+    from controlplane.redis import channel, redis_blocking, redis_sync
+    from inference.gateway import redis as gateway_redis
+
+    settings.STATE_REDIS_URL = url
+    for cached in (redis_sync, redis_blocking, channel):
+        cached.cache_clear()
+    gateway_redis._shared.clear()
+    gateway_redis._blocking.clear()
+
+
+def _admin(redis_url: str) -> Any:
+    """A synchronous client for a phase's set-up and reads: the Redis, or the cluster."""
+    from controlplane.redis import cluster_seed
+
+    seed = cluster_seed(redis_url)
+    return redis.Redis.from_url(redis_url) if seed is None else redis.RedisCluster.from_url(seed)
+
+
+def _servers(admin: Any, key: str | None = None) -> list[redis.Redis]:
+    """The servers whose statistics a phase reads: the one Redis; on a cluster the master
+    holding ``key`` (a pool's keys are one slot), or every master (tenants spread)."""
+    if not isinstance(admin, redis.RedisCluster):
+        return [admin]
+    cluster: Any = admin  # (redis-py's sync cluster methods are untyped)
+    nodes = [cluster.get_node_from_key(key)] if key else cluster.get_primaries()
+    return [redis.Redis(host=node.host, port=node.port) for node in nodes]
+
+
+def _url(server: redis.Redis) -> str:
+    kwargs = server.connection_pool.connection_kwargs
+    return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"
+
+
 # --- Redis's own view of a phase -----------------------------------------------------------
-
-
 class _Server:
-    """Redis's statistics over a window: CPU, commands (also those run inside scripts)."""
+    """Redis's statistics over a window: CPU, commands (also those run inside scripts), of
+    one server or summed over a cluster's masters (latency percentiles: the first one's)."""
 
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
+    def __init__(self, clients: list[redis.Redis]) -> None:
+        self.clients = clients
         self.cpu0 = self.t0 = 0.0
 
     def _cpu(self) -> float:
-        info: dict[str, Any] = self.client.info("cpu")
-        user = info.get("used_cpu_user_main_thread", info["used_cpu_user"])
-        return float(info.get("used_cpu_sys_main_thread", info["used_cpu_sys"])) + float(user)
+        total = 0.0
+        for client in self.clients:
+            info: dict[str, Any] = client.info("cpu")
+            user = info.get("used_cpu_user_main_thread", info["used_cpu_user"])
+            total += float(info.get("used_cpu_sys_main_thread", info["used_cpu_sys"]))
+            total += float(user)
+        return total
 
     def begin(self) -> None:
-        self.client.config_resetstat()
+        for client in self.clients:
+            client.config_resetstat()
         self.cpu0, self.t0 = self._cpu(), time.perf_counter()
+
+    def _commandstats(self) -> tuple[dict[str, dict[str, float]], list[int]]:
+        """Every command's calls and µs, summed; and each server's EVALSHA calls."""
+        summed: dict[str, dict[str, float]] = {}
+        evalsha: list[int] = []
+        for client in self.clients:
+            stats: dict[str, Any] = client.info("commandstats")
+            evalsha.append(int(stats.get("cmdstat_evalsha", {}).get("calls", 0)))
+            for name, v in stats.items():
+                into = summed.setdefault(name, {"calls": 0, "usec": 0})
+                into["calls"] += v["calls"]
+                into["usec"] += v["usec"]
+        return summed, evalsha
 
     def end(self, script_calls: int, events: int) -> dict[str, Any]:
         """``script_calls``: this bench's EVALSHA calls in the window; ``events``: what it
         counts per (admissions, cycles), to divide Redis's time and CPU by."""
         wall = time.perf_counter() - self.t0
         cpu = self._cpu() - self.cpu0
-        stats: dict[str, Any] = self.client.info("commandstats")
-        latency: dict[str, Any] = self.client.info("latencystats")
+        stats, per_server = self._commandstats()
+        latency: dict[str, Any] = self.clients[0].info("latencystats")
         evalsha = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
         pct = latency.get("latency_percentiles_usec_evalsha", {})
         per = max(events, 1)
@@ -179,6 +232,9 @@ class _Server:
             "evalsha_server_p50_us": pct.get("p50", 0.0),
             "evalsha_server_p99_us": pct.get("p99", 0.0),
             "script_us_per_event": round(evalsha["usec"] / max(events, 1), 2),
+            "servers": len(self.clients),
+            # how the script calls spread over the servers (a cluster's masters)
+            "evalsha_share_per_server": [round(n / max(sum(per_server), 1), 3) for n in per_server],
             # the commands run (inside the scripts, and BLPOP), by their time per event (top
             # 8): [calls per event, µs per event]; another client's commands would show here
             "commands_per_event": {
@@ -249,7 +305,7 @@ async def _admission_phase(
     from inference.gateway.lua import Batch
     from inference.gateway.redis import redis_async
 
-    admin = redis.Redis.from_url(redis_url)
+    admin = _admin(redis_url)
     admin.flushdb()
     base = pool_prefix(POOL)
     # As catalog_publish writes a pool: first with no ready replica (its "none" marker) while
@@ -332,7 +388,8 @@ async def _admission_phase(
     # What a waiting process's listener does between grants: its dispatch admits the first
     # 64, whose grants go to their processes' lists.
     await TICK(keys=[base], args=processes[0]._args())
-    server = _Server(admin)
+    servers = _servers(admin, base + "replicas")
+    server = _Server(servers)
     try:
         await asyncio.sleep(1.0)  # warm: connections, scripts registered
         load.reset(on=True)
@@ -350,7 +407,7 @@ async def _admission_phase(
                 return wanted.get(parts[1])
             return None
 
-        sampled = await _slowlog(redis_url, seconds / 2, ours)
+        sampled = await _slowlog(_url(servers[0]), seconds / 2, ours)
         backlogged = int(admin.zcard(base + "backlog"))
         holds = int(admin.zcard(base + "holds"))
         running = sum(int(v) for v in admin.hvals(base + "rload"))
@@ -397,7 +454,7 @@ async def _limits_phase(tenants: int, redis_url: str, seconds: float) -> dict[st
     from inference.gateway.lua import Batch
     from tenants.keys import last_used_key
 
-    admin = redis.Redis.from_url(redis_url)
+    admin = _admin(redis_url)
     admin.flushdb()
     month = _month()
     # Per tenant one key. Tenant: rpm, tpm, concurrency and a monthly token budget; key: rpm.
@@ -450,7 +507,8 @@ async def _limits_phase(tenants: int, redis_url: str, seconds: float) -> dict[st
             await cycle(keys[rng.randrange(tenants)])
 
     tasks = [asyncio.create_task(worker()) for _ in range(PROCESSES * LOOPS)]
-    server = _Server(admin)
+    servers = _servers(admin)
+    server = _Server(servers)
     try:
         await asyncio.sleep(0.5)
         acquire_s.clear()
@@ -470,7 +528,7 @@ async def _limits_phase(tenants: int, redis_url: str, seconds: float) -> dict[st
                 return wanted.get(parts[1])
             return None
 
-        sampled = await _slowlog(redis_url, seconds / 2, ours)
+        sampled = await _slowlog(_url(servers[0]), seconds / 2, ours)
         dbsize = int(admin.dbsize())
         counting = admin.pipeline(transaction=False)  # every key's last use: a hash per tenant
         for key in keys:
@@ -502,8 +560,9 @@ def _ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else float("nan")
 
 
-def admission(quick: bool, redis_url: str) -> dict[str, Any]:
-    """The admission and limits scripts at growing tenant counts (see the module's doc)."""
+def admission(quick: bool, redis_url: str, cluster_url: str | None = None) -> dict[str, Any]:
+    """The admission and limits scripts at growing tenant counts (see the module's doc);
+    with ``cluster_url``, also one pool and the limits on a Redis Cluster (``on_cluster``)."""
     _django(redis_url)
     counts = [10, 1_000, 10_000] if quick else [10, 1_000, 100_000]
     limit_counts = [1_000, 10_000] if quick else [1_000, 100_000]
@@ -522,6 +581,7 @@ def admission(quick: bool, redis_url: str) -> dict[str, Any]:
         return {"admission": phases, "shallow": shallow, "limits": limits}
 
     out = asyncio.run(run())
+    clustered = on_cluster(quick, redis_url, cluster_url) if cluster_url else None
     phases, limits = out["admission"], out["limits"]
     base, again, high = phases[0], phases[-1], phases[-2]
 
@@ -565,6 +625,51 @@ def admission(quick: bool, redis_url: str) -> dict[str, Any]:
         "limits_ratio_cycles_per_s": _ratio(lim_high["cycles_per_s"], lim_low["cycles_per_s"]),
         "limits_ratio_client_acquire_p99": _ratio(
             lim_high["client_acquire_p99_us"], lim_low["client_acquire_p99_us"]
+        ),
+        **({"cluster": clustered} if clustered else {}),
+    }
+
+
+def on_cluster(quick: bool, redis_url: str, cluster_url: str) -> dict[str, Any]:
+    """What a Redis Cluster's shard does against one Redis, back to back in the same run:
+    one pool's admission (1,000 tenants, deep backlog: its keys are one slot, so one master
+    serves it) and the limits (10,000 tenants: their slots spread over every master). Redis
+    CPU per admission or per request on the shard(s), cluster over plain: what running on a
+    cluster costs per operation; the script calls' spread over the masters."""
+    tenants, limit_tenants = 1_000, 10_000
+    seconds = 2.0 if quick else 4.0
+    deep = 10_000 if quick else 20_000
+
+    def on(url: str, phase: Any, *args: Any) -> dict[str, Any]:
+        _state_at(url)
+        try:
+            result: dict[str, Any] = asyncio.run(phase(*args))
+        finally:
+            _state_at(redis_url)
+        return result
+
+    plain = on(redis_url, _admission_phase, tenants, redis_url, seconds, deep)
+    shard = on(cluster_url, _admission_phase, tenants, cluster_url, seconds, deep)
+    plain_limits = on(redis_url, _limits_phase, limit_tenants, redis_url, seconds)
+    shard_limits = on(cluster_url, _limits_phase, limit_tenants, cluster_url, seconds)
+    return {
+        "admission_one_redis": plain,
+        "admission_cluster_shard": shard,
+        "limits_one_redis": plain_limits,
+        "limits_cluster": shard_limits,
+        "all_valid": all(p["valid"] for p in (plain, shard, plain_limits, shard_limits)),
+        # cluster / one Redis, the same work: Redis CPU and script time per operation
+        "ratio_admission_redis_cpu_per_admission": _ratio(
+            shard["redis_cpu_us_per_event"], plain["redis_cpu_us_per_event"]
+        ),
+        "ratio_admission_script_us_per_admission": _ratio(
+            shard["script_us_per_event"], plain["script_us_per_event"]
+        ),
+        "ratio_limits_redis_cpu_per_request": _ratio(
+            shard_limits["redis_cpu_us_per_event"], plain_limits["redis_cpu_us_per_event"]
+        ),
+        "ratio_limits_script_us_per_request": _ratio(
+            shard_limits["script_us_per_event"], plain_limits["script_us_per_event"]
         ),
     }
 

@@ -51,7 +51,7 @@ class Group:
 # (bench/harness.py): any of them may run beside. (The cluster group's 9 holds its Celery
 # broker only.)
 # What the data plane keeps in Redis, run again with that state on a real Redis Cluster
-# (tests/redis_cluster.py; Celery and Channels stay on the group's plain database).
+# (devkit/redis_cluster.py; Celery and Channels stay on the group's plain database).
 CLUSTER_TESTS = (
     "tests/inference/test_cluster.py",
     "tests/inference/test_admission.py",
@@ -64,15 +64,13 @@ CLUSTER_TESTS = (
     "tests/billing/test_spool.py",
     "tests/billing/test_budget_warnings.py",
     "tests/moderation/test_events_drain.py",
-    # The live stack on the cluster (an engine, web, drains, Celery; marked ``on_cluster``).
-    "tests/inference/test_cluster_stack.py",
 )
 
 GROUPS = (
     Group("quick", ("-m", f"not ({LIVE})", f"--ignore={CLUSTER_TESTS[0]}"), redis_db=10),
     Group(
         "cluster",
-        ("-m", f"not ({LIVE}) or on_cluster", *CLUSTER_TESTS),
+        ("-m", f"not ({LIVE})", *CLUSTER_TESTS),
         redis_db=9,
         env=(("INFERPLANE_TEST_STATE", "cluster"),),
     ),

@@ -22,11 +22,11 @@ from django.test import TransactionTestCase
 from rest_framework.test import APIClient
 
 from controlplane.redis import channel, redis_blocking, redis_sync
+from devkit.redis_cluster import Cluster, cluster_start, cluster_stop
 from inference.gateway import redis as gateway_redis
 from tenants.models import Role, Tenant, User
 from tests import contract
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
-from tests.redis_cluster import Cluster, cluster_start, cluster_stop
 
 pytest_plugins = ["tests.engines", "tests.live", "tests.serving"]
 
@@ -178,7 +178,7 @@ def state_redis_use(url: str) -> None:
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[Cluster]:
-    """A Redis Cluster of three masters with a replica each, for this run (tests.redis_cluster)."""
+    """A Redis Cluster of three masters with a replica each, for this run (devkit.redis_cluster)."""
     cluster = cluster_start()
     yield cluster
     cluster_stop(cluster)

@@ -1,5 +1,5 @@
 """The data plane's state on a real Redis Cluster (``make test``'s cluster group starts one:
-tests/redis_cluster.py): one slot per script, the keys' last use flushed from every tenant's
+devkit/redis_cluster.py): one slot per script, the keys' last use flushed from every tenant's
 slot, and a master killed in the middle of work — its replica takes over and the same
 clients carry on by themselves."""
 
@@ -15,6 +15,7 @@ from asgiref.sync import sync_to_async
 from redis.exceptions import RedisError
 
 from controlplane.redis import redis_sync
+from devkit.redis_cluster import Cluster
 from inference.catalog import pool_prefix
 from inference.gateway import limits
 from inference.gateway import redis as gateway_redis
@@ -27,7 +28,6 @@ from tenants.keys import last_used_key, last_used_tenants_key
 from tenants.models import ApiKey
 from tenants.services import api_keys_last_used_flush
 from tests.inference.test_limits import _key
-from tests.redis_cluster import Cluster
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

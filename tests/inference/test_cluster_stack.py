@@ -1,45 +1,58 @@
 """The whole stack — two web processes, the drains, a Celery worker and beat, a real engine —
-with the data plane's state on a Redis Cluster (``make test``'s cluster group): streams in
+with the data plane's state on a Redis Cluster (started for the test by
+``devkit.redis_cluster``; Celery and Channels stay on the group's plain Redis): streams in
 flight outlive the death of the master that holds the usage stream, nothing is billed twice
-or lost, the gateway and the drains recover by themselves, and a batch runs on it."""
+or lost, the gateway and the drains recover by themselves, and a batch runs on it. (In the
+``inference`` group, beside the engine its other tests use: the cluster group's own engine
+cost the suite four minutes.)"""
 
 from __future__ import annotations
 
-import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
+from django.conf import settings
 from openai.types.chat import ChatCompletionMessageParam
 
 from billing.models import UsageRecord
 from billing.spool import USAGE_STREAM
+from devkit.redis_cluster import Cluster
 from inference.catalog import catalog_publish
 from tests.batches.test_batches import _create, _finished, _line, _until, _upload
-from tests.conftest import test_database_url
+from tests.conftest import state_redis_use, test_database_url
 from tests.engines import Engine
 from tests.live import settled_counters, wait_for
-from tests.redis_cluster import Cluster
 from tests.serving import World, spot_pool, world_rows
 
-pytestmark = [
-    pytest.mark.on_cluster,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        os.environ.get("INFERPLANE_TEST_STATE") != "cluster",
-        reason="make test's cluster group runs these (INFERPLANE_TEST_STATE=cluster)",
-    ),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 STREAMS = 6
-TOKENS = 256  # each stream's length (ignore_eos): seconds here, far past the kill
+TOKENS = 160  # each stream's length (ignore_eos): over a second here, past the kill
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
 
 
-def _stream(client: openai.OpenAI, first: threading.Barrier) -> tuple[str, Any]:
-    """One streamed answer to its end: (request id, usage). Waits at ``first`` with its
-    first token, so the test acts while every stream is open."""
+@pytest.fixture
+def state_on_the_cluster(redis_cluster: Cluster) -> Iterator[Cluster]:
+    """This process's data-plane state, and the stacks it starts, on the cluster (emptied)."""
+    plain = settings.STATE_REDIS_URL
+    for port in redis_cluster.masters():
+        redis_cluster.client(port).flushdb()
+    state_redis_use(redis_cluster.url)
+    try:
+        yield redis_cluster
+    finally:
+        state_redis_use(plain)
+
+
+def _stream(
+    client: openai.OpenAI, first: threading.Barrier, killed: threading.Event
+) -> tuple[str, Any, bool]:
+    """One streamed answer to its end: (request id, usage, whether it ended after the
+    kill). Waits at ``first`` with its first token, so the test acts while every stream is
+    open."""
     response = client.chat.completions.with_raw_response.create(
         model="tiny-chat",
         messages=CHAT,
@@ -55,12 +68,13 @@ def _stream(client: openai.OpenAI, first: threading.Barrier) -> tuple[str, Any]:
             first.wait(timeout=120)
             waited = True
         usage = chunk.usage or usage
-    return response.headers["x-request-id"], usage
+    return response.headers["x-request-id"], usage, killed.is_set()
 
 
 def test_streams_outlive_a_master_killed_under_them_nothing_billed_twice_and_a_batch_runs(
-    engine: Engine, redis_cluster: Cluster, stack_factory: Any
+    engine: Engine, state_on_the_cluster: Cluster, stack_factory: Any
 ) -> None:
+    redis_cluster = state_on_the_cluster
     world_rows([engine])
     spot_pool([engine])
     catalog_publish()
@@ -73,12 +87,13 @@ def test_streams_outlive_a_master_killed_under_them_nothing_billed_twice_and_a_b
     # The streams get their first tokens; then the master holding the usage stream (where
     # every stream's end writes its record, and the drains read) dies the hard way.
     first = threading.Barrier(STREAMS + 1)
-    done: list[tuple[str, Any]] = []
+    killed = threading.Event()
+    done: list[tuple[str, Any, bool]] = []
     failed: list[BaseException] = []
 
     def run() -> None:
         try:
-            done.append(_stream(client, first))
+            done.append(_stream(client, first, killed))
         except BaseException as error:  # reported by the assertion below
             failed.append(error)
             first.abort()
@@ -91,6 +106,7 @@ def test_streams_outlive_a_master_killed_under_them_nothing_billed_twice_and_a_b
         first.wait(timeout=120)
         redis_cluster.wait_replicated(dead)  # what it holds, its replica has
         redis_cluster.kill(dead)
+        killed.set()
         for thread in threads:
             thread.join(timeout=120)
         promoted = redis_cluster.wait_promoted(dead)
@@ -98,9 +114,11 @@ def test_streams_outlive_a_master_killed_under_them_nothing_billed_twice_and_a_b
     finally:
         redis_cluster.start_node(dead)  # it comes back as the replica of its old slots
     assert failed == []
-    # Every stream ran to its end, whole: the engine does not need Redis to stream.
+    # Every stream ran to its end, whole (the engine does not need Redis to stream), and
+    # each ended after the kill: its end's round trip met the failover.
     assert len(done) == STREAMS
-    assert {usage.completion_tokens for _, usage in done} == {TOKENS}
+    assert {usage.completion_tokens for _, usage, _ in done} == {TOKENS}
+    assert all(after_kill for _, _, after_kill in done)
 
     # The gateway serves again by itself (the web processes' clients learn the new master);
     # requests refused meanwhile got a 503, never an answer unmetered.
@@ -129,7 +147,7 @@ def test_streams_outlive_a_master_killed_under_them_nothing_billed_twice_and_a_b
         after[name] - before[name]
         for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
     )
-    rids = {rid for rid, _ in done}
+    rids = {rid for rid, _, _ in done}
     seen: list[tuple[int, int]] = []
 
     def billed() -> bool:

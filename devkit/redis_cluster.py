@@ -1,5 +1,6 @@
-"""A real Redis Cluster for the tests: three masters and a replica each, on loopback ports,
-from the machine's own ``redis-server`` and ``redis-cli`` (the Redis the suite already needs).
+"""A real Redis Cluster for the tests (and ``bench.scale --cluster``): three masters and a
+replica each, on loopback ports, from the machine's own ``redis-server`` and ``redis-cli``
+(the Redis the suite already needs).
 
 ``cluster_start`` returns when every slot is served and every replica has synced;
 ``Cluster.kill`` ends a master the hard way and ``Cluster.wait_promoted`` waits for its
@@ -61,7 +62,7 @@ class Cluster:
         command += ["--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
         command += ["--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000"]
         command += ["--save", "", "--appendonly", "no"]
-        self.processes[port] = subprocess.Popen(
+        self.processes[port] = subprocess.Popen(  # noqa: S603 - the machine's redis-server
             command,
             cwd=node_dir,
             env={**os.environ, "INFERPLANE_DIE_WITH_PID": str(os.getpid())},
@@ -102,19 +103,19 @@ class Cluster:
         self.processes[port].send_signal(signal.SIGKILL)
         self.processes[port].wait(10)
 
-    def wait_replicated(self, master: int, timeout: float = 30) -> None:
+    def wait_replicated(self, master: int) -> None:
         """Every write ``master`` took so far has reached its replica (the replication is
-        asynchronous: a master killed before would lose what it had not sent)."""
-        written = int(self.client(master).info("replication")["master_repl_offset"])
-        deadline = time.monotonic() + timeout
-        while True:
-            replicas = self.client(master).info("replication")
-            offsets = [v["offset"] for k, v in replicas.items() if k.startswith("slave")]
-            if offsets and min(int(o) for o in offsets) >= written:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the replica of {master} did not catch up")
-            time.sleep(0.05)  # replication acknowledges once a second or on demand: polled
+        asynchronous: a master killed before would lose what it had not sent). A write of
+        our own, then ``WAIT``: the replica acknowledges everything up to it."""
+        for n in range(10_000):
+            key = f"inferplane-test:{{wait-{n}}}"  # a key in one of this master's slots
+            if self.master_of(key) == master:
+                break
+        client = self.client(master)
+        client.set(key, 1)
+        acknowledged = int(client.execute_command("WAIT", 1, 10_000))  # type: ignore[no-untyped-call]
+        if acknowledged < 1:
+            raise TimeoutError(f"the replica of {master} did not acknowledge")
 
     def wait_ok(self, timeout: float = 30) -> None:
         """Every live node says the cluster is ok and serves all 16384 slots, and every
@@ -164,7 +165,7 @@ def _node_ports(count: int) -> list[int]:
     """Ports below the ephemeral range whose cluster bus port (+10000) is free too."""
     ports: list[int] = []
     while len(ports) < count:
-        port = random.randint(20000, 29999)
+        port = random.randint(20000, 29999)  # noqa: S311 - a port, not a secret
         if port not in ports and _free(port) and _free(port + 10000):
             ports.append(port)
     return ports
@@ -179,7 +180,7 @@ def cluster_start() -> Cluster:
         for port in cluster.ports:
             cluster.start_node(port)
         create = ["--cluster", "create", *(f"127.0.0.1:{p}" for p in cluster.ports)]
-        subprocess.run(
+        subprocess.run(  # noqa: S603 - the machine's redis-cli
             [_tool("redis-cli"), *create, "--cluster-replicas", "1", "--cluster-yes"],
             check=True,
             capture_output=True,
