@@ -301,7 +301,15 @@ async def _admission_phase(
 ) -> dict[str, Any]:
     """One pool, ``tenants`` all backlogged, at least ``backlog`` requests outstanding."""
     from inference.catalog import pool_prefix
-    from inference.gateway.admission import COMPLETE, ENQUEUE, TICK, W_IN, W_OUT, Admission
+    from inference.gateway.admission import (
+        BANDS,
+        COMPLETE,
+        ENQUEUE,
+        TICK,
+        W_IN,
+        W_OUT,
+        Admission,
+    )
     from inference.gateway.lua import Batch
     from inference.gateway.redis import redis_async
 
@@ -408,7 +416,8 @@ async def _admission_phase(
             return None
 
         sampled = await _slowlog(_url(servers[0]), seconds / 2, ours)
-        backlogged = int(admin.zcard(base + "backlog"))
+        # (a backlog per priority band since the bands: every request here is in one)
+        backlogged = sum(int(admin.zcard(f"{base}backlog:{band}")) for band in range(BANDS))
         holds = int(admin.zcard(base + "holds"))
         running = sum(int(v) for v in admin.hvals(base + "rload"))
     finally:

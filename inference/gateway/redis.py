@@ -65,7 +65,7 @@ class _SentOnce(PipelineStrategy):
         try:
             if isinstance(client, _Cluster):
                 await client.ready()
-            return await self._execute(
+            results: list[Any] = await self._execute(
                 client,
                 self._command_queue,
                 raise_on_error=raise_on_error,
@@ -74,6 +74,11 @@ class _SentOnce(PipelineStrategy):
         except RedisCluster.ERRORS_ALLOW_RETRY:
             await client.aclose()  # as redis-py's retry does: the next command re-learns
             raise
+        else:
+            # A node lost while its answers were read: the same, the errors left in place.
+            if any(isinstance(r, RedisCluster.ERRORS_ALLOW_RETRY) for r in results):
+                await client.aclose()
+            return results
         finally:
             await self.reset()  # type: ignore[no-untyped-call]
 
