@@ -12,6 +12,7 @@ from redis.asyncio.cluster import PipelineStrategy, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controlplane.redis import cluster_seed
@@ -48,13 +49,25 @@ class _Cluster(RedisCluster):
         return pipe
 
 
+def _relearn(client: Any, error: BaseException) -> None:
+    """The next command learns the cluster's nodes and slots again (not a connection
+    closed: those busy for other requests finish). A pool out of connections is no news
+    about the cluster."""
+    if not isinstance(error, MaxConnectionsError):
+        client._initialize = True
+
+
 class _SentOnce(PipelineStrategy):
     """A cluster pipeline sent once. redis-py retries a pipeline one of whose nodes failed,
     and sends again every command whose answer it lacks or whose answer was empty: a script
     that had run on a live node ran again — a request's end met a dead node and RELEASE added
     the request's tokens to its tenant's month four times (tests/inference/test_cluster.py).
     This one raises instead, and the caller's fallback takes over (``settle`` writes the
-    usage record to Postgres); the client learns the cluster again on its next command."""
+    usage record to Postgres); the client learns the cluster again on its next command, as
+    redis-py's own command path does (connections busy elsewhere finish what they carry).
+    A node that refuses the connection makes the whole pipeline raise while the other
+    nodes' parts still run: a script that ran there gets no ``then`` (``Batch``). Commands
+    redirected (MOVED/ASK) are sent to their new node by redis-py, which retries those."""
 
     async def execute(
         self, raise_on_error: bool = True, allow_redirections: bool = True
@@ -71,13 +84,14 @@ class _SentOnce(PipelineStrategy):
                 raise_on_error=raise_on_error,
                 allow_redirections=allow_redirections,
             )
-        except RedisCluster.ERRORS_ALLOW_RETRY:
-            await client.aclose()  # as redis-py's retry does: the next command re-learns
+        except RedisCluster.ERRORS_ALLOW_RETRY as error:
+            _relearn(client, error)
             raise
         else:
             # A node lost while its answers were read: the same, the errors left in place.
-            if any(isinstance(r, RedisCluster.ERRORS_ALLOW_RETRY) for r in results):
-                await client.aclose()
+            for result in results:
+                if isinstance(result, RedisCluster.ERRORS_ALLOW_RETRY):
+                    _relearn(client, result)
             return results
         finally:
             await self.reset()  # type: ignore[no-untyped-call]
