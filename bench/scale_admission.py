@@ -112,9 +112,11 @@ def _django(redis_url: str, database_url: str | None = None) -> None:
         django.setup()
     from django.conf import settings
 
+    from inference.gateway.redis import state_use
+
     if redis_url != settings.REDIS_URL:  # set up by someone else: the hot path's clients
         settings.REDIS_URL = redis_url  # are made per event loop, from this
-    _state_at(redis_url)
+    state_use(redis_url)
     if database_url:
         from django.db import connections
 
@@ -128,21 +130,6 @@ def _django(redis_url: str, database_url: str | None = None) -> None:
             settings.DATABASES["default"] = wanted
             connections.settings = connections.configure_settings(settings.DATABASES)
             del connections["default"]
-
-
-def _state_at(url: str) -> None:
-    """The gateway's state (``STATE_REDIS_URL``: one Redis, or ``redis+cluster://``) for the
-    phases that follow; the hot path's clients are made again from it."""
-    from django.conf import settings
-
-    from controlplane.redis import channel, redis_blocking, redis_sync
-    from inference.gateway import redis as gateway_redis
-
-    settings.STATE_REDIS_URL = url
-    for cached in (redis_sync, redis_blocking, channel):
-        cached.cache_clear()
-    gateway_redis._shared.clear()
-    gateway_redis._blocking.clear()
 
 
 def _admin(redis_url: str) -> Any:
@@ -649,12 +636,14 @@ def on_cluster(quick: bool, redis_url: str, cluster_url: str) -> dict[str, Any]:
     seconds = 2.0 if quick else 4.0
     deep = 10_000 if quick else 20_000
 
+    from inference.gateway.redis import state_use
+
     def on(url: str, phase: Any, *args: Any) -> dict[str, Any]:
-        _state_at(url)
+        state_use(url)
         try:
             result: dict[str, Any] = asyncio.run(phase(*args))
         finally:
-            _state_at(redis_url)
+            state_use(redis_url)
         return result
 
     plain = on(redis_url, _admission_phase, tenants, redis_url, seconds, deep)

@@ -21,9 +21,8 @@ from django.conf import settings
 from django.test import TransactionTestCase
 from rest_framework.test import APIClient
 
-from controlplane.redis import channel, redis_blocking, redis_sync
 from devkit.redis_cluster import Cluster, cluster_start, cluster_stop
-from inference.gateway import redis as gateway_redis
+from inference.gateway.redis import state_use
 from tenants.models import Role, Tenant, User
 from tests import contract
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
@@ -169,11 +168,8 @@ def _fast_password_hashing(settings: Any) -> None:
 
 def state_redis_use(url: str) -> None:
     """Point this process's data-plane state at ``url`` (and the stacks it starts after)."""
-    settings.STATE_REDIS_URL = os.environ["STATE_REDIS_URL"] = url
-    for cached in (redis_sync, redis_blocking, channel):
-        cached.cache_clear()
-    gateway_redis._shared.clear()
-    gateway_redis._blocking.clear()
+    os.environ["STATE_REDIS_URL"] = url
+    state_use(url)
 
 
 @pytest.fixture(scope="session")
@@ -200,7 +196,7 @@ def _clean_redis(_state_on_a_cluster: Cluster | None) -> Iterator[None]:
     """Each test starts with an empty Redis database (the tests' own, never make run's)."""
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     db = settings.REDIS_URL.rstrip("/").rpartition("/")[2]
-    assert db.isdigit() and int(db) >= 9, "tests must use a Redis db of their own (9-15)"
+    assert db.isdigit() and int(db) >= 8, "tests must use a Redis db of their own (8-15)"
     client.flushdb()
     if _state_on_a_cluster is not None:  # each master as it is now (after a failover too)
         for port in _state_on_a_cluster.masters():

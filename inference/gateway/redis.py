@@ -109,6 +109,19 @@ _shared: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
 _blocking: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
 
 
+def state_use(url: str) -> None:
+    """This process's data-plane state at ``url`` from now on (one Redis, or a
+    ``redis+cluster://`` URL): every client made from ``STATE_REDIS_URL`` is made again. For
+    the tests and benchmarks that move the state between phases."""
+    from controlplane.redis import channel, redis_blocking, redis_sync
+
+    settings.STATE_REDIS_URL = url
+    for cached in (redis_sync, redis_blocking, channel):
+        cached.cache_clear()
+    _shared.clear()
+    _blocking.clear()
+
+
 def redis_async() -> aioredis.Redis:
     """The hot path's client: a read that takes more than 5 s means a dead connection."""
     return _for_this_loop(_shared, socket_timeout=5, health_check_interval=30, max_connections=512)

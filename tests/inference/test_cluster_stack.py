@@ -2,9 +2,8 @@
 with the data plane's state on a Redis Cluster (started for the test by
 ``devkit.redis_cluster``; Celery and Channels stay on the group's plain Redis): streams in
 flight outlive the death of the master that holds the usage stream, nothing is billed twice
-or lost, the gateway and the drains recover by themselves, and a batch runs on it. (In the
-``inference`` group, beside the engine its other tests use: the cluster group's own engine
-cost the suite four minutes.)"""
+or lost, the gateway and the drains recover by themselves, and a batch runs on it. (In
+``make test``'s ``faults`` group, with the other tests that kill a process mid-work.)"""
 
 from __future__ import annotations
 
