@@ -11,7 +11,17 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # The tiny model's version, as the Makefile reads it (MODEL_DIR, when given, says it all).
 version="$(sed -n 's/^VERSION = "\(.*\)".*/\1/p' "$here/make_tiny_model.py")"
 model="${MODEL_DIR:-$cache/models/$version}"
-export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+# The KV cache: 1 GiB unless said otherwise, or as --kv-cache-memory-bytes sizes it (the
+# tests' engines: tests/engines.py); vLLM lets the variable win over the argument.
+kv_cache_in_args=""
+for arg in "$@"; do
+  case "$arg" in --kv-cache-memory-bytes | --kv-cache-memory-bytes=*) kv_cache_in_args=1 ;; esac
+done
+if [[ -n "$kv_cache_in_args" ]]; then
+  unset VLLM_CPU_KVCACHE_SPACE
+else
+  export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+fi
 export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
 export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}"
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

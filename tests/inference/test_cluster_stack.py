@@ -2,8 +2,9 @@
 with the data plane's state on a Redis Cluster (started for the test by
 ``devkit.redis_cluster``; Celery and Channels stay on the group's plain Redis): streams in
 flight outlive the death of the master that holds the usage stream, nothing is billed twice
-or lost, the gateway and the drains recover by themselves, and a batch runs on it. (In
-``make test``'s ``faults`` group, with the other tests that kill a process mid-work.)"""
+or lost, the gateway and the drains recover by themselves, and a batch under way at the
+kill ends with every line answered once. (In ``make test``'s ``faults`` group, with the
+other tests that kill a process mid-work.)"""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ import pytest
 from django.conf import settings
 from openai.types.chat import ChatCompletionMessageParam
 
+from batches.models import Line
 from billing.models import UsageRecord
 from billing.spool import USAGE_STREAM
 from devkit.redis_cluster import Cluster
 from inference.catalog import catalog_publish
-from tests.batches.test_batches import _create, _finished, _line, _until, _upload
+from tests.batches.test_batches import _content, _create, _finished, _line, _until, _upload
 from tests.conftest import state_redis_use, test_database_url
 from tests.engines import Engine
 from tests.live import settled_counters, wait_for
@@ -32,6 +34,7 @@ STREAMS = 6
 # Each stream's length (ignore_eos): seconds of generating on any machine here, against the
 # few hundred milliseconds between the streams' first tokens and the kill.
 TOKENS = 400
+BATCH_TOKENS = 200  # each batch line's (ignore_eos): one at a time, the batch spans the kill
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
 
 
@@ -72,18 +75,24 @@ def _stream(
     return response.headers["x-request-id"], usage, killed.is_set()
 
 
-def test_streams_outlive_a_master_killed_under_them_nothing_billed_twice_and_a_batch_runs(
+def test_streams_and_a_batch_outlive_a_master_killed_under_them_nothing_billed_twice(
     engine: Engine, state_on_the_cluster: Cluster, stack_factory: Any
 ) -> None:
     redis_cluster = state_on_the_cluster
     world_rows([engine])
-    spot_pool([engine])
+    spot_pool([engine], max_inflight=1)  # the batch's lines one at a time: the rest queued
     catalog_publish()
     stack = stack_factory(test_database_url(), workers=2, name="cluster")
     world = World(stack=stack, engines=[engine])
-    tenant, key = world.tenant(rpm=10_000, max_concurrency=STREAMS + 2)
+    tenant, key = world.tenant(rpm=10_000, max_concurrency=STREAMS + 3 + 2)  # + the lines
     client = stack.openai(key, timeout=120)  # a stuck stream fails the test, not hangs it
     before = settled_counters(engine)
+
+    # A batch is under way too: a line running on the spot pool, the others waiting in its
+    # admission queue (on the cluster) when the master dies.
+    lines = [_line(f"line-{i}", max_tokens=BATCH_TOKENS, ignore_eos=True) for i in range(3)]
+    batch_id = _create(client, _upload(client, lines)).id
+    wait_for(lambda: Line.objects.filter(batch_id=batch_id, state=Line.State.RUNNING).exists())
 
     # The streams get their first tokens; then the master holding the usage stream (where
     # every stream's end writes its record, and the drains read) dies the hard way.
@@ -104,10 +113,15 @@ def test_streams_outlive_a_master_killed_under_them_nothing_billed_twice_and_a_b
         thread.start()
     dead = redis_cluster.master_of(USAGE_STREAM)
     try:
-        first.wait(timeout=120)
+        try:
+            first.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            raise AssertionError(f"a stream failed before its first token: {failed}") from None
         redis_cluster.wait_replicated(dead)  # what it holds, its replica has
         redis_cluster.kill(dead)
         killed.set()
+        open_lines = Line.objects.filter(batch_id=batch_id).exclude(state=Line.State.DONE)
+        lines_left = open_lines.count()  # the batch spans the kill
         for thread in threads:
             thread.join(timeout=120)
         promoted = redis_cluster.wait_promoted(dead)
@@ -121,6 +135,7 @@ def test_streams_outlive_a_master_killed_under_them_nothing_billed_twice_and_a_b
     assert len(done) == STREAMS
     assert {usage.completion_tokens for _, usage, _ in done} == {TOKENS}
     assert all(after_kill for _, _, after_kill in done)
+    assert lines_left >= 2
 
     # The gateway serves again by itself (the web processes' clients learn the new master);
     # requests refused meanwhile got a 503, never an answer unmetered.
@@ -135,11 +150,14 @@ def test_streams_outlive_a_master_killed_under_them_nothing_billed_twice_and_a_b
     wait_for(served, timeout=60, every=0.5)
     redis_cluster.wait_ok()
 
-    # A batch runs on the spot pool: the Celery worker's admission is on the cluster too.
-    file_id = _upload(client, [_line(f"line-{i}") for i in range(3)])
-    batch = _until(client, _create(client, file_id).id, _finished)
+    # The batch under way at the kill ends, every line answered once (the Celery worker's
+    # admission is on the cluster too: its queued lines wait out the failover).
+    batch = _until(client, batch_id, _finished)
     assert batch.status == "completed", batch
-    assert batch.request_counts.completed == 3
+    assert batch.request_counts.model_dump() == {"total": 3, "completed": 3, "failed": 0}
+    output = _content(client, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == ["line-0", "line-1", "line-2"]
+    assert {o["response"]["body"]["usage"]["completion_tokens"] for o in output} == {BATCH_TOKENS}
 
     # The ledger: every request once (the records of the streams ended while the node was
     # away went straight to Postgres, or through the stream once the replica took over, and
@@ -165,4 +183,7 @@ def test_streams_outlive_a_master_killed_under_them_nothing_billed_twice_and_a_b
         raise AssertionError(f"ledger {seen[-1]} against the engine's {counted}") from None
     records = list(UsageRecord.objects.filter(tenant=tenant))
     assert sum(r.completion_tokens for r in records if r.request_id in rids) == STREAMS * TOKENS
-    assert "batch" in {r.mode for r in records if r.request_id not in rids}
+    lines_billed = [r for r in records if r.mode == "batch"]
+    assert sorted(r.request_id for r in lines_billed) == sorted(
+        o["response"]["request_id"] for o in output
+    )
