@@ -397,6 +397,11 @@ def _count_processed(outcomes: Counter[str]) -> None:
 
 
 async def _run_line(plan: Plan, line: Claimed, begun: set[int], lending: Lending) -> Answer:
+    # Each attempt begins before admission: a line this run claims again (its lent room was
+    # taken back) and that then waits too long for a slot did not fail on an engine (it
+    # counted as a failure, one of the line's last attempts, when its first try's admission
+    # was remembered).
+    begun.discard(line.pk)
     records: list[UsageRecord] = []
     # Without a spot pool a line runs only on lent room: it always asks (and comes back later).
     asked = plan.lend if plan.lend and plan.pool == plan.lend else lending.ask(line.pk)
