@@ -143,7 +143,7 @@ $(PROMTOOL):
 pytest: setup browser promtool
 	CHROMIUM=$(CHROMIUM) DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest --durations=30 $(PYTEST_ARGS)
 
-# The whole suite as three groups side by side, each with a database, a Redis database and a
+# The whole suite as four groups side by side, each with a database, a Redis database and a
 # var/ of its own (devkit/test_groups.py); it prints the run's 30 slowest tests.
 test-groups: setup browser promtool
 	CHROMIUM=$(CHROMIUM) DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m devkit.test_groups $(PYTEST_ARGS)

@@ -524,6 +524,7 @@ async def _drive(plan: Plan, token: str, deadline: float) -> None:
         for task in [task for task in running if task.done()]:
             pk = running.pop(task)
             sizes.pop(pk, None)
+            begun.discard(pk)  # its answer says whether it began; a next attempt starts anew
             if task.cancelled():  # the batch stopped before the line began (see above)
                 line = Claimed(pk, b"", 0)
                 answered.append(Answer(line, 0, {}, None))

@@ -1,7 +1,9 @@
 """Gateway overhead: the same streaming work sent straight to the engine and through the
 gateway, interleaved in one run on one engine.
 
-Reports added TTFT (p50, p99) for one stream at a time, the wall time of N concurrent
+Reports added TTFT (p50, p99) for one stream at a time (and the web processes' CPU per
+request over that whole phase, the work after each answer's last byte included, less their
+idle CPU measured just before), the wall time of N concurrent
 streams (16 and 64) through the gateway divided by the same work sent direct, and the web
 processes' CPU per streamed token. With ``--litellm``, LiteLLM's proxy (as many workers, in
 its own virtualenv: ``bench.peers``) streams the same concurrent work from the same engine in
@@ -27,6 +29,8 @@ import aiohttp
 
 from bench.harness import ROOT, Bench, django_setup, percentile, seed, stream_body, tenant_key
 from bench.peers import LITELLM_KEY, start_floor, start_litellm
+
+IDLE_SECONDS = 10.0  # the web processes' idle CPU, measured before the one-stream pairs
 
 
 async def one_stream(
@@ -75,6 +79,13 @@ async def run(
                 await one_stream(session, url, headers, body)
         ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
         cpu = 0.0  # the web server's CPU seconds spent on the gateway's streams
+        # What the web processes spend idle, per second, to take off the whole phase's CPU
+        # (which holds the work after each answer's last byte: the window above misses it).
+        await asyncio.sleep(2)  # the warm-up's last requests settled
+        idle_from, idle_at = bench.web_cpu_seconds(), time.perf_counter()
+        await asyncio.sleep(IDLE_SECONDS)
+        idle = (bench.web_cpu_seconds() - idle_from) / (time.perf_counter() - idle_at)
+        phase_from, phase_at = bench.web_cpu_seconds(), time.perf_counter()
         for i in range(args.pairs):
             order = list(targets) if i % 2 == 0 else list(reversed(targets))
             for name in order:
@@ -83,7 +94,15 @@ async def run(
                 ttft[name].append((await one_stream(session, url, headers, body))[0] * 1000)
                 if name == "gateway":
                     cpu += bench.web_cpu_seconds() - before
+        await asyncio.sleep(2)  # the last answer's end (its record, its slot) done
+        phase = bench.web_cpu_seconds() - phase_from
+        phase_seconds = time.perf_counter() - phase_at
         results["web_cpu_ms_per_request_one_stream"] = cpu * 1000 / args.pairs
+        results["web_idle_cpu_ms_per_s"] = idle * 1000
+        results["web_cpu_ms_per_request_one_stream_whole"] = phase * 1000 / args.pairs
+        results["web_cpu_ms_per_request_one_stream_net"] = (
+            (phase - idle * phase_seconds) * 1000 / args.pairs
+        )
         results["ttft_ms"] = {
             name: {"p50": percentile(v, 50), "p99": percentile(v, 99)} for name, v in ttft.items()
         }
@@ -196,6 +215,12 @@ def main() -> None:
         f" | added p50 {results['ttft_added_ms']['p50']:+.1f} p99 "
         f"{results['ttft_added_ms']['p99']:+.1f} | web CPU "
         f"{results['web_cpu_ms_per_request_one_stream']:.1f} ms/request"
+    )
+    print(
+        f"one stream, the whole phase: web CPU "
+        f"{results['web_cpu_ms_per_request_one_stream_whole']:.2f} ms/request, "
+        f"{results['web_cpu_ms_per_request_one_stream_net']:.2f} ms/request less the idle "
+        f"{results['web_idle_cpu_ms_per_s']:.1f} ms/s of the web processes"
     )
     for c in (16, 64):
         w = results[f"wall_{c}"]

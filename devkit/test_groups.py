@@ -5,17 +5,14 @@ a stream. One pytest at a time left the machine's two cores idle three quarters 
 so the suite runs as four pytest processes at once, each a world of its own:
 
 - ``quick``: the tests that need neither an engine, a live stack nor a browser;
-- ``faults``: the tests that kill, hang or stop a real process in the middle of work (an
-  engine, the Celery worker, a Redis master; ``FAULT_TESTS``): mostly waiting (on leases,
-  failovers, time limits), so they run beside the rest instead of after it;
-- ``inference``: the other engine and stack tests under ``tests/inference`` (the gateway);
+- ``inference``: the engine and stack tests under ``tests/inference`` (the gateway);
 - ``platform``: every other engine, stack and browser test (batches, moderation, adapters,
   billing, the dashboard);
 - ``cluster``: the tests of what the data plane keeps in Redis (admission, limits, the
   catalog, the usage spool, …) again, with that state on a real Redis Cluster.
 
-The first four are a partition of the suite by construction (the first by the marks, the
-others by file and folder); no group shares state with another: each has its own test database
+The first three are a partition of the suite by construction (the first by the marks, the
+other two by folder); no group shares state with another: each has its own test database
 (``test_<name>_<group>``),
 its own Redis database (and so its own Celery broker: a stack's worker never takes another
 group's task), its own ``var/`` directory (uploads, adapter copies) and its own log folder
@@ -51,8 +48,8 @@ class Group:
 
 
 # Redis database 15 is `make pytest`'s and `make test-quick`'s, 14 and 13 the benchmarks'
-# (bench/harness.py): any of them may run beside; `make run` has 0. (The cluster group's 9
-# holds its Celery broker only.)
+# (bench/harness.py): any of them may run beside. (The cluster group's 9 holds its Celery
+# broker only.)
 # What the data plane keeps in Redis, run again with that state on a real Redis Cluster
 # (devkit/redis_cluster.py; Celery and Channels stay on the group's plain database).
 CLUSTER_TESTS = (
@@ -69,15 +66,6 @@ CLUSTER_TESTS = (
     "tests/moderation/test_events_drain.py",
 )
 
-# Real processes killed, hung or stopped mid-work: their own group, whose engines (the
-# session's and the spares they kill) start beside the others' (tests/README.md).
-FAULT_TESTS = (
-    "tests/inference/test_cluster_stack.py",
-    "tests/inference/test_gateway_resilience.py",
-    "tests/batches/test_batch_faults.py",
-)
-_NOT_FAULTS = tuple(f"--ignore={path}" for path in FAULT_TESTS)
-
 GROUPS = (
     Group("quick", ("-m", f"not ({LIVE})", f"--ignore={CLUSTER_TESTS[0]}"), redis_db=10),
     Group(
@@ -86,9 +74,8 @@ GROUPS = (
         redis_db=9,
         env=(("INFERPLANE_TEST_STATE", "cluster"),),
     ),
-    Group("faults", ("-m", LIVE, *FAULT_TESTS), redis_db=8),
-    Group("inference", ("-m", LIVE, *_NOT_FAULTS, "tests/inference"), redis_db=12),
-    Group("platform", ("-m", LIVE, *_NOT_FAULTS, "--ignore=tests/inference"), redis_db=11),
+    Group("inference", ("-m", LIVE, "tests/inference"), redis_db=12),
+    Group("platform", ("-m", LIVE, "--ignore=tests/inference"), redis_db=11),
 )
 
 

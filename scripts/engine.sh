@@ -15,7 +15,7 @@ model="${MODEL_DIR:-$cache/models/$version}"
 # tests' engines: tests/engines.py); vLLM lets the variable win over the argument.
 kv_cache_in_args=""
 for arg in "$@"; do
-  case "$arg" in --kv-cache-memory-bytes | --kv-cache-memory-bytes=*) kv_cache_in_args=1 ;; esac
+  case "$arg" in --kv[-_]cache[-_]memory[-_]bytes | --kv[-_]cache[-_]memory[-_]bytes=*) kv_cache_in_args=1 ;; esac
 done
 if [[ -n "$kv_cache_in_args" ]]; then
   unset VLLM_CPU_KVCACHE_SPACE

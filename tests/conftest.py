@@ -196,7 +196,7 @@ def _clean_redis(_state_on_a_cluster: Cluster | None) -> Iterator[None]:
     """Each test starts with an empty Redis database (the tests' own, never make run's)."""
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     db = settings.REDIS_URL.rstrip("/").rpartition("/")[2]
-    assert db.isdigit() and int(db) >= 8, "tests must use a Redis db of their own (8-15)"
+    assert db.isdigit() and int(db) >= 9, "tests must use a Redis db of their own (9-15)"
     client.flushdb()
     if _state_on_a_cluster is not None:  # each master as it is now (after a failover too)
         for port in _state_on_a_cluster.masters():

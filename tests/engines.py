@@ -32,11 +32,12 @@ START_TIMEOUT = float(os.environ.get("ENGINE_START_TIMEOUT", "300"))
 # of an engine's start on the CPU build (measured: ready in 33 s, against 55 s with vLLM's
 # compile cache warm and 100 s cold; and several compiling at once on two cores thrash). The
 # price is a slower single stream (128 tokens in 0.5 s against 0.24 s; the same at 64
-# streams). The model, scheduler, KV cache and API server are the same; nothing a test checks
+# streams). The model, scheduler and API server are the same; nothing a test checks
 # depends on the compiled graph. ``make run`` and the benchmarks keep vLLM's default.
 # Their KV cache is 256 MiB, not ``make run``'s 1 GiB: the tiny model's 1 KiB per token makes
 # that 256k tokens, four times what 64 sequences of 1,024 tokens hold, and ~0.8 GB less per
-# engine: with every group's engines at once, 1 GiB each ran the machine out of memory.
+# engine (2.1 GB against 2.9): every group's engines run at once, and one group more, at
+# 1 GiB each, ran the machine out of memory (bench/RESULTS.md, the suite's runs).
 TEST_ENGINE_ARGS = ("--enforce-eager", "--kv-cache-memory-bytes", "256M")
 
 

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from batches.models import Batch, File, Line
-from batches.runner import Answer, _claim, _store_many
+from batches.runner import Answer, Claimed, Lending, Plan, _claim, _run_line, _store_many
 from batches.selectors import batches_stuck
 from batches.services import _begin_ending, batch_finalize, batches_expire
 from batches.tasks import BATCH_QUEUE, _queued, _sweep, batch_run_task
@@ -138,3 +138,16 @@ def test_a_batch_cancelled_while_its_validator_died_is_settled_by_the_sweepers_w
     assert batch.pk in batches_stuck()
     batch_run_task(batch.pk)
     assert Batch.objects.get(pk=batch.pk).status == Batch.Status.CANCELLED
+
+
+async def test_each_attempt_of_a_line_begins_before_admission() -> None:
+    """A line that got past admission once in this run (its lent room was then taken back,
+    and the run claimed it again) and that fails before admission this time did not fail on
+    an engine: its answer says it did not begin (it counted as a failure, one of the line's
+    last attempts, when the first try's admission was remembered)."""
+    line = Claimed(pk=7, body=b"{}", attempts=2)
+    begun = {line.pk}  # its first attempt in this run was admitted
+    plan = Plan(batch_id="batch_x", key=None, pool="spot", endpoint="chat.completions")
+    answer = await _run_line(plan, line, begun, Lending(""))
+    assert answer.status == 401  # refused before admission (its key was revoked meanwhile)
+    assert not answer.begun

@@ -4,6 +4,8 @@ loading them and running again exactly what failed — never a command twice."""
 
 from __future__ import annotations
 
+import redis
+
 from inference.gateway import admission, cache, limits, lora
 from inference.gateway.lua import LUA_DIR, Batch, Script
 from inference.gateway.redis import redis_async
@@ -49,3 +51,12 @@ async def test_a_batch_after_redis_lost_its_scripts_runs_each_command_once() -> 
     assert await client.get("lua-test-counter") == b"2"  # the plain commands ran once
     assert await client.exists("lua-test-lock") == 0
     assert await client.script_exists(lora._UNLOCK.sha) == [True]
+
+
+def test_the_redis_py_that_sent_once_was_read_against_is_the_one_installed() -> None:
+    """``_SentOnce`` replaces redis-py's cluster pipeline strategy and uses its private parts
+    (``_execute``, ``_command_queue``, the client's ``_initialize``), read in redis-py 8.1.0.
+    An upgrade can change them without a word: re-read ``PipelineStrategy.execute`` and its
+    retry, run the dead-node tests (``tests/inference/test_cluster.py``, make test's cluster
+    group), then move this pin with pyproject.toml's and the lock file's."""
+    assert redis.__version__ == "8.1.0", "re-read inference.gateway.redis._SentOnce first"
