@@ -27,6 +27,7 @@ from controlplane.redis import channel, redis_sync
 from fleet.models import Model
 from inference.catalog import (
     CATALOG_CHANNEL,
+    CATALOG_DIGEST_KEY,
     CATALOG_KEY,
     CATALOG_VERSION_KEY,
     catalog_build,
@@ -169,6 +170,44 @@ def test_a_gateway_rebuilds_a_catalog_it_cannot_read() -> None:
     raw = redis_sync().get(CATALOG_KEY)
     assert isinstance(raw, bytes)
     assert catalog_decoder.decode(raw).pools.keys() == catalog_build().pools.keys()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_catalog_numbered_again_after_redis_lost_it_is_fetched() -> None:
+    """Redis loses the catalog (a flush, a restart without persistence) and its counter
+    starts again: a gateway holding another snapshot under the number the new one reaches
+    fetches the new one (the digest differs), not keeps its own as if it were the same."""
+    model = model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
+    pool_ensure(name="online", model=model, kind="dedicated", replica_urls=[])
+    catalog_publish()
+
+    async def follow() -> tuple[object, object, int]:
+        view = CatalogView()
+        await view.refresh()
+        held = view.version
+        assert isinstance(held, bytes)
+        await asyncio.to_thread(_lose_and_change, int(held))
+        numbered = redis_sync().get(CATALOG_VERSION_KEY)
+        assert isinstance(numbered, bytes)
+        await view._look([numbered])  # the announcement of the new snapshot
+        assert view.data is not None
+        return held, numbered, view.data.models["tiny-chat"].context_length
+
+    held, numbered, context = asyncio.run(follow())
+    assert held == numbered  # the same number, another snapshot
+    assert context == 4096
+
+
+def _lose_and_change(reached: int) -> None:
+    """Redis loses the catalog; the counter, started again, reaches ``reached`` with a
+    changed snapshot (each change a publish of its own counts one)."""
+    try:
+        redis_sync().delete(CATALOG_VERSION_KEY, CATALOG_KEY, CATALOG_DIGEST_KEY)
+        redis_sync().set(CATALOG_VERSION_KEY, reached - 1)
+        Model.objects.filter(name="tiny-chat").update(context_length=4096)
+        catalog_publish()
+    finally:
+        connection.close()  # this thread's own connection
 
 
 def _add_model() -> None:

@@ -1,7 +1,8 @@
 """This process's copy of the serving catalog, kept fresh from Redis in the background
 (never per request), decoded into ``contract.Catalog``. ``catalog_publish`` announces each
 change on ``ip:catalog:changed:db<N>``; the process, subscribed (``inference.gateway.watch``), then
-compares the version counter and fetches the snapshot only when it moved. So a change (a
+compares the version counter and the snapshot's digest (the counter starts again at 1 when
+Redis loses it) and fetches the snapshot only when one moved. So a change (a
 canary's weights, a replica drained) reaches every process within milliseconds, and an idle
 platform costs a process nothing between changes (one look at the version a minute).
 When Redis has lost it, or holds one this process cannot read (a publisher of another
@@ -20,6 +21,7 @@ from inference.catalog import (
     ADAPTERS_KEY,
     ADAPTERS_SERIAL_KEY,
     CATALOG_CHANNEL,
+    CATALOG_DIGEST_KEY,
     CATALOG_KEY,
     CATALOG_VERSION_KEY,
     adapters_part_decoder,
@@ -45,6 +47,9 @@ class CatalogView:
     def __init__(self) -> None:
         self.data: Catalog | None = None
         self.version: object = None  # the version counter the data came with
+        # ... and the snapshot's digest: the counter starts again at 1 when Redis loses it
+        # (a flush, a restart without persistence), so a number alone can name two snapshots.
+        self.digest: object = None
         self.serial: int | None = None  # the adapters' serial the parts are as of
         self.parts: dict[int, dict[str, CatalogAdapter]] = {}  # tenant -> its adapters
         self.merged: dict[int, Catalog] = {}  # tenant -> data with its adapters in it
@@ -97,10 +102,10 @@ class CatalogView:
 
     async def refresh(self, *, republish: bool = False) -> None:
         async with self._lock:
-            raw = version = serial = None
+            raw = version = serial = digest = None
             if not republish:
-                version, raw, serial = await redis_async().mget(
-                    CATALOG_VERSION_KEY, CATALOG_KEY, ADAPTERS_SERIAL_KEY
+                version, raw, serial, digest = await redis_async().mget(
+                    CATALOG_VERSION_KEY, CATALOG_KEY, ADAPTERS_SERIAL_KEY, CATALOG_DIGEST_KEY
                 )
             if self.serial is None and serial:
                 self.serial = int(serial)  # parts fetched from now on are at least as new
@@ -116,9 +121,9 @@ class CatalogView:
                 # (forced when unreadable: the snapshot may be as new as ours)
                 published = await run_db(catalog_publish, force=raw is not None)
                 data = msgspec.structs.replace(published, adapters={})
-                version = await redis_async().get(CATALOG_VERSION_KEY)
+                version, digest = await redis_async().mget(CATALOG_VERSION_KEY, CATALOG_DIGEST_KEY)
                 self._drop(None)
-            self.data, self.version = data, version
+            self.data, self.version, self.digest = data, version, digest
 
     def _announced(self, message: bytes) -> bool:
         """A message about the adapters' parts, applied; False for anything else."""
@@ -143,12 +148,14 @@ class CatalogView:
                 snapshot = True
         if not snapshot:
             return
-        version, raw = await redis_async().mget(CATALOG_VERSION_KEY, ADAPTERS_SERIAL_KEY)
+        version, raw, digest = await redis_async().mget(
+            CATALOG_VERSION_KEY, ADAPTERS_SERIAL_KEY, CATALOG_DIGEST_KEY
+        )
         serial = int(raw) if raw else None
         if serial != self.serial:  # moved unannounced (or first look): every part again
             self._drop(None)
             self.serial = serial
-        if version is None or version != self.version:
+        if version is None or version != self.version or digest != self.digest:
             await self.refresh()
 
     def _quiet(self) -> float:
