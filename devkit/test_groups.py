@@ -2,8 +2,7 @@
 
 Most of the suite's wall time is spent waiting: on an engine starting, on a Celery worker, on
 a stream. One pytest at a time left the machine's two cores idle three quarters of the time,
-so the suite runs as four pytest processes, each a world of its own, three at once from the
-start and the fourth (``cluster``) once ``quick`` has ended:
+so the suite runs as four pytest processes at once, each a world of its own:
 
 - ``quick``: the tests that need neither an engine, a live stack nor a browser;
 - ``inference``: the engine and stack tests under ``tests/inference`` (the gateway);
@@ -46,10 +45,6 @@ class Group:
     args: tuple[str, ...]
     redis_db: int
     env: tuple[tuple[str, str], ...] = ()
-    # The group that ends before this one starts (none: at once). The live groups' engines
-    # start at the beginning, when the machine's two cores are busiest; a short group that
-    # needs no engine waits for another, so its CPU comes out of the later, idler minutes.
-    after: str | None = None
 
 
 # Redis database 15 is `make pytest`'s and `make test-quick`'s, 14 and 13 the benchmarks'
@@ -78,7 +73,6 @@ GROUPS = (
         ("-m", f"not ({LIVE})", *CLUSTER_TESTS),
         redis_db=9,
         env=(("INFERPLANE_TEST_STATE", "cluster"),),
-        after="quick",
     ),
     Group("inference", ("-m", LIVE, "tests/inference"), redis_db=12),
     Group("platform", ("-m", LIVE, "--ignore=tests/inference"), redis_db=11),
@@ -183,17 +177,9 @@ def main(pytest_args: list[str]) -> int:
 
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
-    waiting = [group for group in GROUPS if group.after is not None]
-    runs += [start(g, pytest_args, database_url, redis_url) for g in GROUPS if g not in waiting]
+    runs += [start(group, pytest_args, database_url, redis_url) for group in GROUPS]
     pending = list(runs)
-    while pending or waiting:
-        ended = {run.group.name for run in runs if run.ended is not None}
-        for later in [g for g in waiting if g.after in ended and not signals]:
-            waiting.remove(later)
-            pending.append(start(later, pytest_args, database_url, redis_url))
-            runs.append(pending[-1])
-        if signals:  # interrupted: what has not started never will
-            waiting.clear()
+    while pending:
         for run in list(pending):
             if run.process.poll() is None:
                 continue
