@@ -73,10 +73,11 @@ def channel(name: str) -> str:
     return f"{name}:db{db}"
 
 
-def announce(name: str, message: str | int) -> None:
+def announce(name: str, message: str | int) -> int:
     """Publish ``message`` on the channel ``name`` (sharded pub/sub: on a cluster, only the
-    channel's shard carries it; ``inference.gateway.watch`` subscribes)."""
-    redis_sync().spublish(channel(name), message)
+    channel's shard carries it; ``inference.gateway.watch`` subscribes); returns how many
+    subscribers it reached (on a cluster, those connected to the node it was sent to)."""
+    return int(redis_sync().spublish(channel(name), message))
 
 
 @cache

@@ -10,7 +10,6 @@ and every table is emptied after each test. The world's rows are (re)created per
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from billing.models import UsageRecord
 from fleet.models import Model, Pool, Replica
+from inference.catalog import catalog_applied, catalog_publish
 from inference.services import model_ensure, pool_ensure, replica_probe
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create
@@ -57,10 +57,20 @@ def world_rows(engines: list[Engine], **pool_settings: Any) -> None:
         Pool.objects.filter(pk=pool.pk).update(**pool_settings)
     for replica in pool.replicas.all():
         replica_probe(replica=replica)
-    from inference.catalog import catalog_publish
+    catalog_everywhere()
 
+
+# A live process applies an announced catalog within milliseconds; a loaded machine's
+# scheduler is given far longer (a process that never applies it fails the test).
+CATALOG_WITHIN = 30.0
+
+
+def catalog_everywhere() -> None:
+    """Publish the catalog (when the rows changed it) and wait until every live process
+    holding a copy has applied the last one announced: a web process, a Celery worker's
+    batch runner (one without a copy reads it on its first request)."""
     catalog_publish()
-    time.sleep(1.1)  # the live web processes refresh their catalog copy when told
+    catalog_applied(within=CATALOG_WITHIN)
 
 
 def spot_pool(engines: list[Engine], **pool_settings: Any) -> Pool:

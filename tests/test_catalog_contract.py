@@ -30,6 +30,7 @@ from inference.catalog import (
     CATALOG_DIGEST_KEY,
     CATALOG_KEY,
     CATALOG_VERSION_KEY,
+    catalog_applied,
     catalog_build,
     catalog_publish,
 )
@@ -350,3 +351,56 @@ def test_a_deployment_in_another_redis_database_is_not_heard() -> None:
         assert message["data"] != b"999"
     finally:
         listener.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_publisher_waits_until_every_process_holding_a_copy_applied_it() -> None:
+    """``catalog_applied`` (what the live tests wait on instead of a second's sleep): an
+    announcement that reached two processes holding a copy is done once both applied it; one
+    that has not (stuck in its look) is named in the error, not waited on forever; a process
+    without a copy is not waited on (it reads the snapshot on its first request)."""
+    model = model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
+    pool_ensure(name="online", model=model, kind="dedicated", replica_urls=[])
+    catalog_publish()
+    assert catalog_applied(within=0) == 0  # announced before anyone held a copy
+
+    async def follow() -> tuple[str, int, bool]:
+        ready, stuck = CatalogView(), CatalogView()
+        release = asyncio.Event()
+        looked = [asyncio.Event(), asyncio.Event()]
+        told = asyncio.Event()  # the ready one applied an announcement
+
+        def watched(view: CatalogView, first: asyncio.Event, *, hold: bool) -> None:
+            original = view._look
+
+            async def look(messages: list[bytes]) -> None:
+                if messages and hold:
+                    await release.wait()
+                await original(messages)
+                first.set()  # its first look follows its subscription
+                if messages and not hold:
+                    told.set()
+
+            view._look = look  # type: ignore[method-assign]
+
+        watched(ready, looked[0], hold=False)
+        watched(stuck, looked[1], hold=True)
+        await ready.get()
+        await stuck.get()
+        await asyncio.gather(*(e.wait() for e in looked))
+        await asyncio.to_thread(_add_model)  # published on commit: announced to both
+        await told.wait()
+        assert ready.data is not None and "tiny-next" in ready.data.models
+        with pytest.raises(TimeoutError) as late:
+            await asyncio.to_thread(catalog_applied, within=0.2)
+        release.set()
+        applied = await asyncio.to_thread(catalog_applied, within=10)
+        assert stuck.data is not None
+        return str(late.value), applied, "tiny-next" in stuck.data.models
+
+    late, applied, stuck_has_it = asyncio.run(asyncio.wait_for(follow(), 30))
+    version = int(redis_sync().get(CATALOG_VERSION_KEY) or 0)
+    assert late == (
+        f"1 of 2 processes applied the serving catalog's version {version} within 0.2 s"
+    )
+    assert applied == 2 and stuck_has_it

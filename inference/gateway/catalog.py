@@ -5,8 +5,9 @@ compares the version counter and the snapshot's digest (the counter starts again
 Redis loses it) and fetches the snapshot only when one moved. So a change (a
 canary's weights, a replica drained) reaches every process within milliseconds, and an idle
 platform costs a process nothing between changes (one look at the version a minute).
-When Redis has lost it, or holds one this process cannot read (a publisher of another
-version), it is rebuilt from Postgres."""
+Each process counts itself among those that applied an announced version
+(``catalog_applied`` waits for them all). When Redis has lost it, or holds one this process
+cannot read (a publisher of another version), it is rebuilt from Postgres."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ from contract import Catalog, CatalogAdapter, catalog_decoder
 from inference.catalog import (
     ADAPTERS_KEY,
     ADAPTERS_SERIAL_KEY,
+    APPLIED_SECONDS,
     CATALOG_CHANNEL,
     CATALOG_DIGEST_KEY,
     CATALOG_KEY,
     CATALOG_VERSION_KEY,
     adapters_part_decoder,
+    catalog_applied_key,
     catalog_publish,
 )
 from inference.gateway.db import run_db
@@ -143,9 +146,12 @@ class CatalogView:
 
     async def _look(self, messages: list[bytes]) -> None:
         snapshot = not messages  # a look without messages checks both
+        announced: list[str] = []  # the snapshot versions announced
         for message in messages:
             if not self._announced(message):
                 snapshot = True
+                if message.isdigit():
+                    announced.append(message.decode())
         if not snapshot:
             return
         version, raw, digest = await redis_async().mget(
@@ -157,6 +163,19 @@ class CatalogView:
             self.serial = serial
         if version is None or version != self.version or digest != self.digest:
             await self.refresh()
+        if announced:
+            await self._applied(announced)
+
+    async def _applied(self, versions: list[str]) -> None:
+        """Count this process among those that hold ``versions`` (``catalog_applied``)."""
+        pipe = redis_async().pipeline(transaction=False)
+        for version in versions:
+            pipe.incr(catalog_applied_key(version))
+            pipe.expire(catalog_applied_key(version), APPLIED_SECONDS)
+        try:
+            await pipe.execute()
+        except RedisError:  # only a waiter misses it (and says so); serving goes on
+            log.warning("could not say the serving catalog was applied", exc_info=True)
 
     def _quiet(self) -> float:
         return UNVERSIONED_SECONDS if self.version is None else QUIET_SECONDS

@@ -27,7 +27,7 @@ from tests.batches.test_batches import _content, _create, _finished, _line, _unt
 from tests.conftest import run_manage
 from tests.engines import ENGINE_HEADERS, Engine, engine_start, started_engine
 from tests.live import engine_counters, settled_counters, wait_for, worker_start
-from tests.serving import spot_pool, world_rows
+from tests.serving import catalog_everywhere, spot_pool, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -40,8 +40,7 @@ def spot_rows(transactional_db: None, engine: Engine) -> None:
     world_rows([engine])
     # Two sequences at a time: a batch's other lines wait their turn in admission, claimed.
     spot_pool([engine], max_inflight=2)
-    catalog_publish()
-    time.sleep(1.1)
+    catalog_everywhere()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import tempfile
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -35,13 +34,12 @@ from billing.models import UsageRecord
 from billing.services import price_set
 from contract import UsageRecord as UsageRecord_
 from fleet.models import Model
-from inference.catalog import catalog_publish
 from tenants.models import ApiKey
 from tenants.services import api_key_create, tenant_limits_update
 from tests import contract
 from tests.engines import Engine
 from tests.live import wait_for
-from tests.serving import World, spot_pool, world
+from tests.serving import World, catalog_everywhere, spot_pool, world
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -52,8 +50,7 @@ __all__ = ["world"]  # the fixture
 def spot(world: World, engine: Engine) -> World:
     """The world's online pool, and a spot pool of the same model on the same engine."""
     spot_pool([engine])
-    catalog_publish()
-    time.sleep(1.1)
+    catalog_everywhere()
     return world
 
 

@@ -7,7 +7,6 @@ like a spot engine does."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import ROUND_HALF_UP, Decimal
@@ -27,7 +26,7 @@ from inference.services import pool_ensure, replica_probe
 from tests.batches.test_batches import _client, _content, _create, _finished, _line, _until, _upload
 from tests.engines import Engine, engine_start
 from tests.live import Stack, stack_start, wait_for
-from tests.serving import World, world_rows
+from tests.serving import World, catalog_everywhere, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -73,10 +72,7 @@ def _rows(lender: Engine, engine: Engine, *, online: int, spot: int, percent: in
     for replica in pool.replicas.all():
         replica_probe(replica=replica)
     assert set(pool.replicas.values_list("state", flat=True)) == {Replica.State.READY}
-    catalog_publish()
-    # As world_rows: each live process refreshes its catalog copy within a second of the
-    # announcement, and exposes no event for it yet (a follow-up: wait on one instead).
-    time.sleep(1.1)
+    catalog_everywhere()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import math
-import time
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -21,12 +20,11 @@ from django.core.management import call_command
 from billing.reconcile import replica_counters_snapshot
 from billing.services import price_set
 from fleet.models import Model, Replica
-from inference.catalog import catalog_publish
 from inference.services import model_ensure, pool_configure, pool_ensure, replica_probe
 from tests import contract
 from tests.engines import ENGINE_HEADERS, Engine
 from tests.live import Stack, settled_counters, wait_for
-from tests.serving import World, world_rows
+from tests.serving import World, catalog_everywhere, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -45,8 +43,7 @@ def embed_world(
     pool_configure(pool=pool, max_inflight=CAPACITY)
     for replica in pool.replicas.all():
         replica_probe(replica=replica)
-    catalog_publish()
-    time.sleep(1.1)  # the live web processes refresh their catalog copy when told
+    catalog_everywhere()
     return World(stack=gateway_stack, engines=[engine, embed_engine])
 
 
@@ -66,7 +63,7 @@ def test_the_sdk_embeds_through_the_gateway_and_the_ledger_has_the_engine_s_coun
         output_per_mtok=Decimal(0),
         actor=None,
     )
-    time.sleep(1.1)  # the catalog carries prices: the web processes take the new one
+    catalog_everywhere()  # the catalog carries prices: the web processes take the new one
     client = embed_world.stack.openai(key)
     texts = ["a cat sat on the mat", "the pool serves many tenants"]
     floats = client.embeddings.create(model="tiny-embed", input=texts, encoding_format="float")
@@ -149,8 +146,7 @@ def test_a_batch_of_embedding_lines_runs_on_a_spot_pool(embed_world: World) -> N
     )
     for replica in spot.replicas.all():
         replica_probe(replica=replica)
-    catalog_publish()
-    time.sleep(1.1)  # as world_rows: the web processes and the worker take the new pool
+    catalog_everywhere()  # the web processes and the worker take the new pool
     client = openai.OpenAI(api_key=key, base_url=embed_world.stack.url + "/v1", max_retries=0)
     lines = [
         {

@@ -21,13 +21,12 @@ from billing.models import Price, UsageRecord
 from controlplane.redis import redis_sync
 from devkit.tiny_model import continuation
 from fleet.models import Model, Pool
-from inference.catalog import catalog_publish
 from inference.models import KeyCacheInvalidation
 from tenants.models import ApiKey, AuditEvent
 from tenants.services import api_key_limits_update, api_key_revoke, tenant_update
 from tests.engines import Engine
 from tests.live import settled_counters, wait_for
-from tests.serving import World, world_rows
+from tests.serving import World, catalog_everywhere, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -50,8 +49,7 @@ def test_models_lists_what_the_tenant_may_use(world: World) -> None:
     )
     private.allowed_tenants.add(other)
     Pool.objects.create(name="private", kind="dedicated", model=private)
-    catalog_publish()
-    time.sleep(1.2)  # web processes refresh their catalog when told it changed
+    catalog_everywhere()
     client = world.stack.openai(key)
     assert [m.id for m in client.models.list().data] == ["tiny-chat"]
     assert client.models.retrieve("tiny-chat").id == "tiny-chat"
@@ -487,14 +485,13 @@ def test_monthly_spend_budget_trips_at_the_right_request_and_warns_at_80_percent
         output_per_mtok=Decimal(1000),
         effective_from=datetime.now(UTC) - timedelta(days=1),
     )
-    catalog_publish()
+    catalog_everywhere()
     # Three budgets to seed on the first request of the month: tenant tokens and spend, and
     # the key's tokens (generous; the spend budget is the one that trips).
     tenant, key = world.tenant(monthly_spend_budget_micros=60_000, monthly_token_budget=10**9)
     api_key = ApiKey.objects.get(tenant=tenant)
     api_key_limits_update(api_key=api_key, actor=None, limits={"monthly_token_budget": 10**9})
     client = world.stack.openai(key)
-    time.sleep(1.5)  # web processes pick up a new catalog (here: the price) within a second
     served = 0
     with pytest.raises(openai.RateLimitError) as err:
         for _ in range(10):

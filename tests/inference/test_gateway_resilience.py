@@ -29,7 +29,7 @@ from inference.catalog import catalog_publish
 from inference.services import pool_configure, replica_probe, replica_set_state
 from tests.engines import LOG_DIR, Engine, started_engine
 from tests.live import settled_counters, wait_for
-from tests.serving import World, world_rows
+from tests.serving import World, catalog_everywhere, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -253,7 +253,7 @@ def test_a_silent_engine_holds_nothing(
         # back in the rotation meanwhile, after the first-byte timeout.
         _freeze(spare_engine, True)
         replica_set_state(replica=engine_row, state=Replica.State.DRAINING)
-        time.sleep(1.2)  # the web process's catalog copy
+        catalog_everywhere()
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(
                 lambda: client.chat.completions.create(
@@ -273,12 +273,12 @@ def test_a_silent_engine_holds_nothing(
 
         _freeze(spare_engine, False)
         assert _probe(spare_engine.url) == Replica.State.READY
-        time.sleep(1.2)  # the web process's catalog copy
+        catalog_everywhere()
 
         # 2. Frozen mid-stream: a long stream on the spare (the other replica drained for the
         # moment, so that it goes there), then the spare is frozen.
         replica_set_state(replica=engine_row, state=Replica.State.DRAINING)
-        time.sleep(1.2)
+        catalog_everywhere()
         lines: list[str] = []
         running = threading.Event()
 
@@ -328,7 +328,7 @@ def test_a_silent_engine_holds_nothing(
     assert _probe(spare_engine.url) == Replica.State.READY
     wait_for(lambda: settled_counters(spare_engine)["vllm:num_requests_running"] == 0)
     replica_set_state(replica=engine_row, state=Replica.State.DRAINING)
-    time.sleep(1.2)  # the web process's catalog copy
+    catalog_everywhere()
     reply = client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=2)
     assert reply.choices[0].finish_reason == "length"
     replica_set_state(replica=engine_row, state=Replica.State.READY)
@@ -590,7 +590,7 @@ def test_limits_hold_across_two_web_processes(engine: Engine, stack_factory: Any
 def test_full_pool_queues_then_503_and_leaving_frees_the_queue(world: World) -> None:
     # One request of n=4 fills a replica of four sequences.
     pool_configure(pool=Pool.objects.get(name="online"), max_inflight=4, max_queue_wait_seconds=2)
-    time.sleep(1.2)
+    catalog_everywhere()
     _, key = world.tenant()
     # A client that reads nothing more: the response backs up to the gateway, which then
     # holds the slot. Big chunks (20 logprobs each) and a tiny receive buffer make sure

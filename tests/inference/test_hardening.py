@@ -19,9 +19,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from fleet.models import Model
-from inference.catalog import catalog_publish
 from tests.live import Stack, engine_counters, settled_counters, stack_start, wait_for
-from tests.serving import World, world_rows
+from tests.serving import World, catalog_everywhere, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -284,8 +283,7 @@ def test_media_parts_reach_only_a_model_that_takes_them(world: World) -> None:
     assert _chat_with(world, key).status_code == 200  # text parts are fine
     # A vision model: images inline only (no URL the engine would fetch from inside).
     Model.objects.filter(name="tiny-chat").update(accepts_images=True)
-    catalog_publish()
-    time.sleep(1.2)
+    catalog_everywhere()
     response = _chat_with(world, key, image)
     assert response.status_code == 400
     error = response.json()["error"]

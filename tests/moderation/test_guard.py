@@ -40,7 +40,7 @@ from tests.batches.test_batches import _upload as batch_upload
 from tests.batches.test_batches import spot  # noqa: F401  (fixture)
 from tests.engines import ENGINE_HEADERS, Engine
 from tests.live import settled_counters, wait_for
-from tests.serving import World
+from tests.serving import World, catalog_everywhere
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -60,8 +60,7 @@ def guarded(world: World, guard_engine: Engine) -> Iterator[World]:
         headers=ENGINE_HEADERS,
         timeout=60,
     ).raise_for_status()
-    catalog_publish()
-    time.sleep(1.1)
+    catalog_everywhere()
     yield world
     os.killpg(guard_engine.process.pid, signal.SIGCONT)  # whatever a test left it in
 
@@ -327,8 +326,7 @@ def test_guard_calls_wait_their_tenants_turn_in_the_guard_pools_admission(
     behind standard ones), instead of piling onto the engine; once the engine answers, every
     call gets its own verdict."""
     Pool.objects.filter(name="guard").update(max_inflight=1)
-    catalog_publish()
-    time.sleep(1.1)  # the catalog's promise: every web process has it within a second
+    catalog_everywhere()
     (busy, busy_key), (other, other_key) = guarded.tenant(), guarded.tenant()
     tenant_update(tenant=other, actor=None, priority_class="interactive")
     prefix = pool_prefix("guard")
