@@ -57,6 +57,7 @@ from inference.gateway.auth import KeyInfo, key_info_from_db
 from inference.gateway.db import run_db
 from inference.gateway.errors import LENT_RECLAIMED, invalid_api_key
 from inference.gateway.lifecycle import run_whole
+from inference.gateway.watch import watches_end
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,13 @@ def batch_run(
         if held_until is None:
             Batch.objects.filter(pk=batch_id).update(running_until=until)
         token = uuid.uuid4().hex
-        _event_loop().run_until_complete(_drive(plan, token, time.monotonic() + budget))
+        loop = _event_loop()
+        try:
+            loop.run_until_complete(_drive(plan, token, time.monotonic() + budget))
+        finally:
+            # The loop stops until the next run: its catalog and policy subscriptions end
+            # with this one (they would read nothing meanwhile); the next looks first.
+            loop.run_until_complete(watches_end())
     finally:
         Batch.objects.filter(pk=batch_id, running_until=until).update(running_until=timezone.now())
     from batches.services import batch_finish_if_done

@@ -75,7 +75,15 @@ class PolicyView:
 
     async def get(self) -> Snapshot:
         if self.task is None or self.task.done():
-            self.task = asyncio.create_task(self._refresh_forever())
+            listened, self.task = (
+                self.task is not None,
+                asyncio.create_task(self._refresh_forever()),
+            )
+            if listened and self.policies is not None:  # what changed while no one listened
+                try:
+                    await self.refresh()
+                except RedisError:
+                    log.warning("could not look at the moderation policies", exc_info=True)
         if self.policies is None:
             await self.refresh()
         return self.policies or {}

@@ -33,8 +33,10 @@ from inference.catalog import (
     catalog_applied,
     catalog_build,
     catalog_publish,
+    catalog_reached_key,
 )
 from inference.gateway.catalog import CatalogView
+from inference.gateway.watch import watches_end
 from inference.services import model_ensure, pool_ensure
 from tenants.models import Tenant
 from tests.factories import TenantFactory
@@ -404,3 +406,30 @@ def test_a_publisher_waits_until_every_process_holding_a_copy_applied_it() -> No
         f"1 of 2 processes applied the serving catalog's version {version} within 0.2 s"
     )
     assert applied == 2 and stuck_has_it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_loop_that_stops_between_runs_is_not_listening_and_looks_when_it_runs_again() -> None:
+    """The batch runner's loop runs only during a run: its watches end with each run
+    (``watches_end``), so an announcement between runs reaches no one (it is not counted a
+    listener that never applies), and the next run's first use of the catalog looks at the
+    version first: the change made meanwhile is there."""
+    model = model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
+    pool_ensure(name="online", model=model, kind="dedicated", replica_urls=[])
+    catalog_publish()
+    loop = asyncio.new_event_loop()
+    try:
+        view = CatalogView()
+        loop.run_until_complete(view.get())  # a run: its watch starts
+        loop.run_until_complete(watches_end())  # the run ends
+        assert view.task is not None and view.task.done()
+        _add_model()  # between runs
+        version = redis_sync().get(CATALOG_VERSION_KEY)
+        assert version is not None
+        assert redis_sync().get(catalog_reached_key(version.decode())) == b"0"
+        assert catalog_applied(within=0) == 0
+        again = loop.run_until_complete(view.get())  # the next run
+        assert "tiny-next" in again.models
+        loop.run_until_complete(watches_end())
+    finally:
+        loop.close()

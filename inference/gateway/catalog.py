@@ -62,7 +62,15 @@ class CatalogView:
 
     async def get(self) -> Catalog:
         if self.task is None or self.task.done():
-            self.task = asyncio.create_task(self._refresh_forever())
+            listened, self.task = (
+                self.task is not None,
+                asyncio.create_task(self._refresh_forever()),
+            )
+            if listened and self.data is not None:  # what changed while no one listened
+                try:
+                    await self._look([])
+                except RedisError:
+                    log.warning("could not look at the serving catalog's version", exc_info=True)
         if self.data is None:
             await self.refresh()
         if self.data is None:  # refresh() always sets it; this keeps the type checker honest

@@ -28,6 +28,19 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0  # after a failed look or a lost subscription
 
+_watching: dict[asyncio.AbstractEventLoop, set[asyncio.Task[object]]] = {}
+
+
+async def watches_end() -> None:
+    """End the running loop's watches, their subscriptions closed. For a process whose loop
+    stops between pieces of work (the batch runner): subscribed, it would read nothing until
+    its next run and still be counted among the listeners (``catalog_applied``). A view
+    starts its watch again when next used, and looks at the version first."""
+    tasks = _watching.pop(asyncio.get_running_loop(), set())
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
 
 async def watch_forever(
     name: str,
@@ -40,6 +53,25 @@ async def watch_forever(
     ``look`` once subscribed, on every message (a burst makes one look, given all its
     messages' data) and after ``quiet_seconds()`` without one (given none). A failed look or
     subscription is retried each second (the process keeps serving from what it has)."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    if task is not None:
+        _watching.setdefault(loop, set()).add(task)
+    try:
+        await _watch(name, look, quiet_seconds=quiet_seconds, what=what)
+    finally:
+        watching = _watching.get(loop, set())
+        watching.discard(task)
+        if not watching:
+            _watching.pop(loop, None)
+
+
+async def _watch(
+    name: str,
+    look: Callable[[list[bytes]], Awaitable[None]],
+    *,
+    quiet_seconds: Callable[[], float],
+    what: str,
+) -> None:
     while True:
         try:
             pubsub = (await client_ready(redis_async())).pubsub()
