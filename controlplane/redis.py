@@ -11,8 +11,9 @@ use ``REDIS_URL``, a plain Redis: neither runs on a cluster.
 
 from __future__ import annotations
 
+import time
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import redis
 from django.conf import settings
@@ -73,11 +74,53 @@ def channel(name: str) -> str:
     return f"{name}:db{db}"
 
 
-def announce(name: str, message: str | int) -> int:
+# How many processes an announcement of version N reached, and how many have applied it
+# since (each watcher counts itself once it has looked: ``inference.gateway.watch``), kept a
+# minute: ``applied_wait`` waits for the second to reach the first (a drill, a test: "every
+# gateway serves this now"). Keys ``ip:{<tag>}:reached:<N>`` and ``ip:{<tag>}:applied:<N>``.
+APPLIED_SECONDS = 60
+
+
+def announced_keys(tag: str, version: str | int) -> tuple[str, str]:
+    """(reached, applied) of an announcement of ``version`` of what ``tag`` names."""
+    return f"ip:{{{tag}}}:reached:{version}", f"ip:{{{tag}}}:applied:{version}"
+
+
+def announce(name: str, message: str | int, *, tag: str | None = None) -> int:
     """Publish ``message`` on the channel ``name`` (sharded pub/sub: on a cluster, only the
     channel's shard carries it; ``inference.gateway.watch`` subscribes); returns how many
-    subscribers it reached (on a cluster, those connected to the node it was sent to)."""
-    return int(redis_sync().spublish(channel(name), message))
+    subscribers it reached (on a cluster, those connected to the node it was sent to). With
+    ``tag``, ``message`` is a version and its reach is kept for ``applied_wait``."""
+    client = redis_sync()
+    reached = int(client.spublish(channel(name), message))
+    if tag is not None:
+        client.set(announced_keys(tag, message)[0], reached, ex=APPLIED_SECONDS)
+    return reached
+
+
+def applied_wait(tag: str, version_key: str, *, within: float, what: str) -> int:
+    """Wait until every process the last announcement of ``version_key``'s version reached
+    (the watchers holding a copy) has applied it or a newer one; returns how many. One not
+    holding a copy was not reached: it reads the snapshot when it first needs it. Raises
+    ``TimeoutError`` naming the version when some have not within ``within`` seconds."""
+    client = redis_sync()
+    raw = cast(bytes | None, client.get(version_key))
+    version = None if raw is None else raw.decode()
+    reached_key, applied_key = announced_keys(tag, version or "")
+    reached = None if version is None else cast(bytes | None, client.get(reached_key))
+    if reached is None:  # never announced, or over a minute ago
+        return 0
+    deadline = time.monotonic() + within
+    while True:
+        applied = int(cast(bytes | None, client.get(applied_key)) or 0)
+        if applied >= int(reached):
+            return applied
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{applied} of {int(reached)} processes applied {what}'s version {version} "
+                f"within {within} s"
+            )
+        time.sleep(0.01)  # a poll of Redis's counter, bounded by the deadline above
 
 
 @cache

@@ -31,7 +31,7 @@ from contract import (
     catalog_decoder,
     encode,
 )
-from controlplane.redis import announce, redis_sync
+from controlplane.redis import announce, applied_wait, redis_sync
 from fleet.models import Model, ModelRoute, Pool, Replica
 
 log = logging.getLogger(__name__)
@@ -45,19 +45,8 @@ CATALOG_DIGEST_KEY = "ip:{catalog}:digest"
 # Where a publish that changed something is announced (the new version): web processes
 # subscribe (inference.gateway.watch) instead of polling the version.
 CATALOG_CHANNEL = "ip:catalog:changed"
-# How many processes an announcement of version N reached, and how many have applied it
-# since (each says so once it holds N or newer): ``catalog_applied`` waits for the second to
-# reach the first (a drill, a test: "every gateway serves this now"). Kept a minute.
-APPLIED_SECONDS = 60
-
-
-def catalog_reached_key(version: int | str) -> str:
-    return f"ip:{{catalog}}:reached:{version}"
-
-
-def catalog_applied_key(version: int | str) -> str:
-    return f"ip:{{catalog}}:applied:{version}"
-
+# Its announcements' reach and the processes that applied them (``applied_wait``).
+CATALOG_TAG = "catalog"
 
 # The adapters are not in the snapshot but in parts, one per tenant (a hash: tenant id ->
 # its adapters), which a web process fetches when that tenant first calls and again only
@@ -221,35 +210,16 @@ def catalog_publish(*, force: bool = False) -> Catalog:
         version = pipe.execute()[-1]
         # A lost announcement only waits for the gateways' next look at the version.
         try:
-            reached = announce(CATALOG_CHANNEL, version)
-            client.set(catalog_reached_key(version), reached, ex=APPLIED_SECONDS)
+            announce(CATALOG_CHANNEL, version, tag=CATALOG_TAG)
         except RedisError:
             log.warning("could not announce the catalog's new version", exc_info=True)
     return catalog
 
 
 def catalog_applied(*, within: float) -> int:
-    """Wait until every process the last announcement reached (the gateways holding a copy)
-    has applied that version or a newer one; returns how many. A process not yet holding a
-    copy was not reached: it reads the snapshot on its first request. Raises ``TimeoutError``
-    naming the version when some have not within ``within`` seconds."""
-    client = redis_sync()
-    raw = cast(bytes | None, client.get(CATALOG_VERSION_KEY))
-    version = None if raw is None else raw.decode()
-    reached = None if version is None else client.get(catalog_reached_key(version))
-    if version is None or reached is None:  # never announced, or over a minute ago
-        return 0
-    deadline = time.monotonic() + within
-    while True:
-        applied = int(cast(bytes, client.get(catalog_applied_key(version))) or 0)
-        if applied >= int(cast(bytes, reached)):
-            return applied
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"{applied} of {int(cast(bytes, reached))} processes applied the serving "
-                f"catalog's version {version} within {within} s"
-            )
-        time.sleep(0.01)  # a poll of Redis's counter, bounded by the deadline above
+    """Wait until every process holding a copy of the catalog has applied the version last
+    announced (``controlplane.redis.applied_wait``)."""
+    return applied_wait(CATALOG_TAG, CATALOG_VERSION_KEY, within=within, what="the serving catalog")
 
 
 def catalog_published() -> Catalog | None:

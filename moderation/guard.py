@@ -49,7 +49,7 @@ from inference.gateway.watch import watch_forever
 from moderation import classifier
 from moderation.cascade import Assessment, Cascade, GuardUse
 from moderation.policy import SEVERITY, PolicySpec, Snapshot, snapshot_decoder, window_step
-from moderation.publishing import CHANNEL, POLICIES_KEY, VERSION_KEY, policies_publish
+from moderation.publishing import CHANNEL, POLICIES_KEY, TAG, VERSION_KEY, policies_publish
 from moderation.rules import mask
 from moderation.services import EVENTS_STREAM
 from tenants.priority import band
@@ -126,6 +126,7 @@ class PolicyView:
             lambda _messages: self.refresh(),
             quiet_seconds=lambda: QUIET_SECONDS,
             what="the moderation policies",
+            tag=TAG,
         )
 
 

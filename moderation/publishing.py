@@ -9,13 +9,14 @@ import time
 
 import msgspec
 
-from controlplane.redis import announce, redis_sync
+from controlplane.redis import announce, applied_wait, redis_sync
 from moderation.models import ModerationPolicy
 from moderation.policy import CategoryRule, PolicySpec, Snapshot
 
 POLICIES_KEY = "ip:{moderation}:policies"
 VERSION_KEY = "ip:{moderation}:version"
 CHANNEL = "ip:moderation:changed"
+TAG = "moderation"  # its announcements' reach and who applied them (``applied_wait``)
 PUBLISH_LOCK = "ip:moderation:publish-lock"
 
 
@@ -47,6 +48,12 @@ def policies_build() -> Snapshot:
     return {p.tenant_id: policy_spec(p) for p in ModerationPolicy.objects.filter(enabled=True)}
 
 
+def policies_applied(*, within: float) -> int:
+    """Wait until every process holding the policies has applied the version last
+    announced (``controlplane.redis.applied_wait``)."""
+    return applied_wait(TAG, VERSION_KEY, within=within, what="the moderation policies")
+
+
 def policies_publish() -> tuple[int, Snapshot]:
     """Publish every policy; returns (the version, the snapshot). Called after each change
     (on commit) and by a periodic task, so a publish Redis missed heals within a minute."""
@@ -65,5 +72,5 @@ def policies_publish() -> tuple[int, Snapshot]:
         pipe.set(POLICIES_KEY, encoded)
         pipe.set(VERSION_KEY, version)
         pipe.execute()
-        announce(CHANNEL, version)  # the gateways look at the version when told
+        announce(CHANNEL, version, tag=TAG)  # the gateways look at the version when told
     return version, snapshot

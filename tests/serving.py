@@ -20,6 +20,7 @@ from billing.models import UsageRecord
 from fleet.models import Model, Pool, Replica
 from inference.catalog import catalog_applied, catalog_publish
 from inference.services import model_ensure, pool_ensure, replica_probe
+from moderation.publishing import policies_applied
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_create
 from tests.engines import Engine
@@ -60,9 +61,9 @@ def world_rows(engines: list[Engine], **pool_settings: Any) -> None:
     catalog_everywhere()
 
 
-# A live process applies an announced catalog within milliseconds; a loaded machine's
-# scheduler is given far longer (a process that never applies it fails the test).
-CATALOG_WITHIN = 30.0
+# A live process applies an announced catalog or policy change within milliseconds; a
+# loaded machine's scheduler is given far longer (a process that never applies it fails).
+APPLY_WITHIN = 30.0
 
 
 def catalog_everywhere() -> None:
@@ -70,7 +71,13 @@ def catalog_everywhere() -> None:
     holding a copy has applied the last one announced: a web process, a Celery worker's
     batch runner (one without a copy reads it on its first request)."""
     catalog_publish()
-    catalog_applied(within=CATALOG_WITHIN)
+    catalog_applied(within=APPLY_WITHIN)
+
+
+def policies_everywhere() -> None:
+    """Wait until every live process holding the moderation policies has applied the last
+    change (``policies_applied``): the change's own publish runs on commit."""
+    policies_applied(within=APPLY_WITHIN)
 
 
 def spot_pool(engines: list[Engine], **pool_settings: Any) -> Pool:

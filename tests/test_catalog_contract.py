@@ -23,17 +23,17 @@ from contract import (
     encode,
     price_in_force,
 )
-from controlplane.redis import channel, redis_sync
+from controlplane.redis import announced_keys, channel, redis_sync
 from fleet.models import Model
 from inference.catalog import (
     CATALOG_CHANNEL,
     CATALOG_DIGEST_KEY,
     CATALOG_KEY,
+    CATALOG_TAG,
     CATALOG_VERSION_KEY,
     catalog_applied,
     catalog_build,
     catalog_publish,
-    catalog_reached_key,
 )
 from inference.gateway.catalog import CatalogView
 from inference.gateway.watch import watches_end
@@ -425,7 +425,7 @@ def test_a_loop_that_stops_between_runs_is_not_listening_and_looks_when_it_runs_
         assert view.task is not None and view.task.done()
         _add_model()  # between runs
         version = int(redis_sync().get(CATALOG_VERSION_KEY) or 0)
-        assert redis_sync().get(catalog_reached_key(version)) == b"0"
+        assert redis_sync().get(announced_keys(CATALOG_TAG, version)[0]) == b"0"
         assert catalog_applied(within=0) == 0
         again = loop.run_until_complete(view.get())  # the next run
         assert "tiny-next" in again.models

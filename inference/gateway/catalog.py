@@ -21,13 +21,12 @@ from contract import Catalog, CatalogAdapter, catalog_decoder
 from inference.catalog import (
     ADAPTERS_KEY,
     ADAPTERS_SERIAL_KEY,
-    APPLIED_SECONDS,
     CATALOG_CHANNEL,
     CATALOG_DIGEST_KEY,
     CATALOG_KEY,
+    CATALOG_TAG,
     CATALOG_VERSION_KEY,
     adapters_part_decoder,
-    catalog_applied_key,
     catalog_publish,
 )
 from inference.gateway.db import run_db
@@ -154,12 +153,9 @@ class CatalogView:
 
     async def _look(self, messages: list[bytes]) -> None:
         snapshot = not messages  # a look without messages checks both
-        announced: list[str] = []  # the snapshot versions announced
         for message in messages:
             if not self._announced(message):
                 snapshot = True
-                if message.isdigit():
-                    announced.append(message.decode())
         if not snapshot:
             return
         version, raw, digest = await redis_async().mget(
@@ -171,26 +167,17 @@ class CatalogView:
             self.serial = serial
         if version is None or version != self.version or digest != self.digest:
             await self.refresh()
-        if announced:
-            await self._applied(announced)
-
-    async def _applied(self, versions: list[str]) -> None:
-        """Count this process among those that hold ``versions`` (``catalog_applied``)."""
-        pipe = redis_async().pipeline(transaction=False)
-        for version in versions:
-            pipe.incr(catalog_applied_key(version))
-            pipe.expire(catalog_applied_key(version), APPLIED_SECONDS)
-        try:
-            await pipe.execute()
-        except RedisError:  # only a waiter misses it (and says so); serving goes on
-            log.warning("could not say the serving catalog was applied", exc_info=True)
 
     def _quiet(self) -> float:
         return UNVERSIONED_SECONDS if self.version is None else QUIET_SECONDS
 
     async def _refresh_forever(self) -> None:
         await watch_forever(
-            CATALOG_CHANNEL, self._look, quiet_seconds=self._quiet, what="the serving catalog"
+            CATALOG_CHANNEL,
+            self._look,
+            quiet_seconds=self._quiet,
+            what="the serving catalog",
+            tag=CATALOG_TAG,
         )
 
 

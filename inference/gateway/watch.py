@@ -21,12 +21,28 @@ from collections.abc import Awaitable, Callable
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from controlplane.redis import channel
+from controlplane.redis import APPLIED_SECONDS, announced_keys, channel
 from inference.gateway.redis import client_ready, redis_async
 
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0  # after a failed look or a lost subscription
+
+
+async def _applied(tag: str, versions: list[bytes], what: str) -> None:
+    """Count this process among those that applied ``versions`` (``applied_wait``)."""
+    if not versions:
+        return
+    pipe = redis_async().pipeline(transaction=False)
+    for version in versions:
+        applied = announced_keys(tag, version.decode())[1]
+        pipe.incr(applied)
+        pipe.expire(applied, APPLIED_SECONDS)
+    try:
+        await pipe.execute()
+    except RedisError:  # only a waiter misses it (and says so); serving goes on
+        log.warning("could not say %s was applied", what, exc_info=True)
+
 
 _watching: dict[asyncio.AbstractEventLoop, set[asyncio.Task[object]]] = {}
 
@@ -48,16 +64,19 @@ async def watch_forever(
     *,
     quiet_seconds: Callable[[], float],
     what: str,
+    tag: str | None = None,
 ) -> None:
     """Subscribe to the channel ``name`` of this Redis database (``channel``); call
     ``look`` once subscribed, on every message (a burst makes one look, given all its
     messages' data) and after ``quiet_seconds()`` without one (given none). A failed look or
-    subscription is retried each second (the process keeps serving from what it has)."""
+    subscription is retried each second (the process keeps serving from what it has).
+    With ``tag``, a message that is a version number is counted applied by this process
+    once its look is done (``controlplane.redis.applied_wait``)."""
     loop, task = asyncio.get_running_loop(), asyncio.current_task()
     if task is not None:
         _watching.setdefault(loop, set()).add(task)
     try:
-        await _watch(name, look, quiet_seconds=quiet_seconds, what=what)
+        await _watch(name, look, quiet_seconds=quiet_seconds, what=what, tag=tag)
     finally:
         watching = _watching.get(loop, set())
         watching.discard(task)
@@ -71,6 +90,7 @@ async def _watch(
     *,
     quiet_seconds: Callable[[], float],
     what: str,
+    tag: str | None,
 ) -> None:
     while True:
         try:
@@ -94,6 +114,8 @@ async def _watch(
                         raise RedisConnectionError(f"{name}: the shard ended the subscription")
                     message = await read(timeout=0)
                 await look(burst)
+                if tag is not None:
+                    await _applied(tag, [m for m in burst if m.isdigit()], what)
         except asyncio.CancelledError:
             raise
         except (RedisError, OSError):

@@ -40,7 +40,7 @@ from tests.batches.test_batches import _upload as batch_upload
 from tests.batches.test_batches import spot  # noqa: F401  (fixture)
 from tests.engines import ENGINE_HEADERS, Engine
 from tests.live import settled_counters, wait_for
-from tests.serving import World, catalog_everywhere
+from tests.serving import World, catalog_everywhere, policies_everywhere
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -69,7 +69,7 @@ def _policy(tenant: Tenant, **changes: Any) -> None:
     # A budget generous for a loaded CI machine (the time-budget test sets its own).
     changes = {"guard_model": "tiny-guard", "classifier": False, "budget_ms": 3000, **changes}
     moderation_policy_set(tenant=tenant, changes=changes, actor=None)
-    time.sleep(2.1)  # every web process has it within two seconds
+    policies_everywhere()
 
 
 def _chat(world: World, key: str, content: str) -> httpx.Response:
@@ -232,9 +232,6 @@ def test_a_tenant_names_only_a_guard_model_it_may_call(guarded: World) -> None:
             refused.value.message
         )
         _policy(owner)  # its owner may
-        # The platform's promise, not the engine's speed: a catalog change reaches every web
-        # process within a second (tests/inference/test_catalog_live.py holds it).
-        time.sleep(1.1)
         blocked = _chat(guarded, outsider_key, "Tell me about a dog.")
         assert blocked.status_code == 400 and "could not be checked" in blocked.text
         event = _events(outsider, 1)[0]

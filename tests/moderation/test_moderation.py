@@ -40,7 +40,7 @@ from tests.batches.test_batches import _upload as batch_upload
 from tests.batches.test_batches import spot  # noqa: F401  (fixture)
 from tests.inference.test_websocket import _until_end, _ws
 from tests.live import settled_counters, wait_for
-from tests.serving import World, world_rows
+from tests.serving import World, policies_everywhere, world_rows
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
@@ -175,7 +175,7 @@ def _sdk(**body: Any) -> dict[str, Any]:
 
 def _ban(world: World, tenant: Tenant, key: str, term: str, **changes: Any) -> None:
     _policy(tenant, deny_terms=[term], **changes)
-    time.sleep(2.1)  # the promise: every web process has it within two seconds
+    policies_everywhere()
 
 
 @pytest.mark.under_load
@@ -419,7 +419,7 @@ def test_flag_and_log_record_events_and_leave_the_answer_alone(
     assert answer.moderation.output.results[0].flagged is True
 
     _policy(tenant, action="log", store_text=True)
-    time.sleep(2.1)
+    policies_everywhere()
     chunks, _ = _sse(world, key, _body())
     assert "".join(_texts(chunks)[0]) == text and not any("moderation" in c for c in chunks)
     events = _events(tenant, 3)
@@ -476,14 +476,14 @@ def test_a_failing_guard_fails_open_or_closed_as_the_policy_says(world: World) -
     tenant, key = world.tenant()
     client = world.stack.openai(key)
     _policy(tenant, guard_model="broken-guard", fail_open=False)
-    time.sleep(2.1)
+    policies_everywhere()
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(**_sdk(**_body(max_tokens=4)))
     assert refused.value.code == "content_policy_violation"
     assert "could not be checked" in refused.value.message
 
     _policy(tenant, guard_model="broken-guard", fail_open=True)
-    time.sleep(2.1)
+    policies_everywhere()
     answer = client.chat.completions.create(**_sdk(**_body(max_tokens=4)))
     assert answer.choices[0].finish_reason == "length"
     events = _events(tenant, 2)
@@ -507,7 +507,7 @@ def test_moderations_endpoint_through_the_sdk(world: World) -> None:
     assert not parts.results[0].flagged
     # The tenant's own rules apply.
     _policy(tenant, deny_terms=["lighthouse"], classifier=True)
-    time.sleep(2.1)
+    policies_everywhere()
     ruled = client.moderations.create(input="a lighthouse by the sea")
     assert ruled.results[0].flagged
     records = _record(world, tenant, 3)
@@ -572,7 +572,7 @@ def test_batch_lines_are_moderated_the_same_way(spot: World, banned: Banned) -> 
 def test_card_numbers_and_ibans_count_only_when_their_checksum_holds(world: World) -> None:
     tenant, key = world.tenant()
     _policy(tenant, pii_action="block")
-    time.sleep(2.1)
+    policies_everywhere()
     for number, blocked in [
         ("4111 1111 1111 1111", True),  # Luhn holds
         ("4111 1111 1111 1112", False),  # an order number of card length
@@ -592,7 +592,7 @@ def test_card_numbers_and_ibans_count_only_when_their_checksum_holds(world: Worl
 def test_masked_pii_never_reaches_the_engine(world: World) -> None:
     tenant, key = world.tenant()
     _policy(tenant, pii_action="mask")
-    time.sleep(2.1)
+    policies_everywhere()
     response = httpx.post(
         f"{world.stack.url}/v1/completions",
         headers={"authorization": f"Bearer {key}"},
