@@ -477,7 +477,12 @@ INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS = env_int(
 )
 # A stream's tokens after its first are written at most this often: what the engine sends in
 # between goes out in one write (the first token never waits). 0 writes each read at once.
-INFERPLANE_STREAM_COALESCE_MS = env_int("INFERPLANE_STREAM_COALESCE_MS", 0, minimum=0)
+INFERPLANE_STREAM_COALESCE_MS = env_int("INFERPLANE_STREAM_COALESCE_MS", 50, minimum=0)
+# ... while the web process relays at least this many streams (1: always): a stream alone
+# goes out token by token; a crowd's writes are where the web processes' CPU goes.
+INFERPLANE_STREAM_COALESCE_FROM_STREAMS = env_int(
+    "INFERPLANE_STREAM_COALESCE_FROM_STREAMS", 8, minimum=1
+)
 # A batch line's answer comes whole (not streamed): the longest it may take in all. Meanwhile
 # the line's replica is watched (the health probe marks a dead or stuck engine down within
 # seconds, and the line then moves at once); this bounds only what no probe sees. An answer

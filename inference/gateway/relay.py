@@ -48,6 +48,8 @@ ABORTED_CAP_SECONDS = 5.0
 ABORT_ASK_SECONDS = 1.0
 # vLLM's per-request priority (it overrides one in the body), for engines that schedule by it.
 PRIORITY_HEADER = "X-Vllm-Priority"
+# The streams this process is relaying now (a crowd of them is coalesced: ``Relay.__aiter__``).
+_relaying = [0]
 
 
 class Stalled(Exception):
@@ -268,14 +270,18 @@ class Relay:
         clock = loop.time
         # INFERPLANE_STREAM_COALESCE_MS: after a batch is written, the next read waits for
         # the interval's next tick; what the engine sends meanwhile goes out in one write
-        # (the first token never waits).
+        # (the first token never waits). Only while this process relays at least
+        # INFERPLANE_STREAM_COALESCE_FROM_STREAMS streams: one stream alone costs little CPU,
+        # and its tokens go out as they come; a crowd's writes are what the CPU goes to.
         hold = settings.INFERPLANE_STREAM_COALESCE_MS  # in ms: the loop's clock counts them
+        crowd = settings.INFERPLANE_STREAM_COALESCE_FROM_STREAMS
         self.watchdog = watchdog = _Watchdog(
             batches, settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS, loop
         )
         gaps = metrics.TokenGaps()
         loads, count = orjson.loads, self._count
         last = clock()
+        _relaying[0] += 1
         try:
             while True:
                 out = []
@@ -303,7 +309,7 @@ class Relay:
                 now = clock()
                 if now - self.last_progress >= PROGRESS_SECONDS:
                     await self._progress(now)
-                if hold:
+                if hold and _relaying[0] >= crowd:
                     # Until the next tick of the interval on the loop's clock, shared by all
                     # streams (a full interval when on one: uvloop's clock counts whole
                     # milliseconds, and float arithmetic would round a tick to just short of
@@ -334,6 +340,7 @@ class Relay:
             call.fail(f"{call.replica_name}: engine failed mid-stream: {_transport_reason(exc)}")
             raise MidStreamError(call.error) from exc
         finally:
+            _relaying[0] -= 1
             watchdog.stop()
             gaps.flush(pool=call.route.pool, model=call.base_model or call.parsed.model)
 

@@ -148,7 +148,7 @@ def test_a_spot_engine_that_hangs_mid_batch_hands_its_lines_on(
         # Each line's own prompt: prefix-affine routing spreads them over both replicas from
         # the start (one shared prompt would send them all to one replica while it has room).
         lines = [
-            _line(f"h{i}", content=f"Line {i}: say hello.", max_tokens=256, ignore_eos=True)
+            _line(f"h{i}", content=f"Line {i}: say hello.", max_tokens=128, ignore_eos=True)
             for i in range(n)
         ]
         created = _create(client, _upload(client, lines))
@@ -216,7 +216,7 @@ def test_a_spot_engine_killed_mid_batch_costs_a_retry_not_a_line(
         stack = stack_factory(serving_db_url, name="batch-spot")
         tenant, key = _tenant()
         client = openai.OpenAI(api_key=key, base_url=stack.url + "/v1", max_retries=0)
-        n = 48
+        n = 24  # two run at a time: most are still to run when the engine dies
         lines = [_line(f"s{i}", max_tokens=128, ignore_eos=True) for i in range(n)]
         created = _create(client, _upload(client, lines))
         _until(

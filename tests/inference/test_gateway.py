@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -618,25 +620,62 @@ def _written_chunks(url: str, key: str, body: dict[str, Any]) -> list[bytes]:
         rest = rest[int(size, 16) + 2 :]
 
 
-def test_a_coalesced_stream_writes_once_per_interval_and_loses_nothing(
+def test_a_crowd_of_streams_is_coalesced_and_loses_nothing_a_stream_alone_is_not(
     engine: Engine, serving_db_url: str, stack_factory: Any
 ) -> None:
-    """INFERPLANE_STREAM_COALESCE_MS: after its first write, a stream is written at most once
-    per interval (what the engine sent meanwhile goes out in one write), and the answer is the
-    same, token for token, as the non-streamed one, with its usage chunk and [DONE]."""
+    """INFERPLANE_STREAM_COALESCE_MS, while the web process relays a crowd of streams
+    (INFERPLANE_STREAM_COALESCE_FROM_STREAMS, two here): after its first write, a stream is
+    written at most once per interval (what the engine sent meanwhile goes out in one write),
+    and the answer is the same, token for token, as the non-streamed one, with its usage
+    chunk and [DONE]. A stream alone is written as the engine's tokens come."""
     world_rows([engine])
     stack = stack_factory(
-        serving_db_url, name="coalesce", extra_env={"INFERPLANE_STREAM_COALESCE_MS": "300"}
+        serving_db_url,
+        name="coalesce",
+        workers=1,  # one process: the crowd is counted per process
+        extra_env={
+            "INFERPLANE_STREAM_COALESCE_MS": "300",
+            "INFERPLANE_STREAM_COALESCE_FROM_STREAMS": "2",
+        },
     )
     world = World(stack=stack, engines=[engine])
     _, key = world.tenant()
     args: dict[str, Any] = dict(model="tiny-chat", messages=CHAT, max_tokens=40, temperature=0)
     whole = stack.openai(key).chat.completions.create(**args)
+    body = {**args, "stream": True, "stream_options": {"include_usage": True}}
     started = time.monotonic()
-    chunks = _written_chunks(
-        stack.url, key, {**args, "stream": True, "stream_options": {"include_usage": True}}
-    )
+    alone = _written_chunks(stack.url, key, body)
     took = time.monotonic() - started
+    # Alone: more writes than a 0.3 s interval would allow (one per token, as they come).
+    assert len(alone) > 1 + (took // 0.3 + 1) + 1, (len(alone), took)
+
+    # Beside another stream (of another request, running the whole time): coalesced.
+    flowing, stop = threading.Event(), threading.Event()
+
+    def beside() -> None:
+        long = {**body, "max_tokens": 1000, "ignore_eos": True}
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream(
+                "POST",
+                f"{stack.url}/v1/chat/completions",
+                json=long,
+                headers={"authorization": f"Bearer {key}"},
+            ) as response,
+        ):
+            for _ in response.iter_raw():
+                flowing.set()
+                if stop.is_set():
+                    return  # closing it aborts the request
+
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(beside)
+        assert flowing.wait(60), other.exception(timeout=0) if other.done() else "no stream"
+        started = time.monotonic()
+        chunks = _written_chunks(stack.url, key, body)
+        took = time.monotonic() - started
+        stop.set()
+        other.result(timeout=60)
     events = [e for chunk in chunks for e in chunk.split(b"\n\n") if e]
     assert events[-1] == b"data: [DONE]"
     parsed = [orjson.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
