@@ -56,7 +56,7 @@ from inference.catalog import catalog_read
 from inference.gateway.auth import KeyInfo, key_info_from_db
 from inference.gateway.db import run_db
 from inference.gateway.errors import LENT_RECLAIMED, invalid_api_key
-from inference.gateway.lifecycle import run_whole
+from inference.gateway.headless import run_whole
 from inference.gateway.watch import watches_end
 
 log = logging.getLogger(__name__)

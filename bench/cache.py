@@ -140,7 +140,7 @@ async def run(args: argparse.Namespace, engine: str, gateway: str, keys: dict[st
 async def semantic_lookup(entries: int, dims: int, lookups: int) -> dict[str, Any]:
     import numpy as np
 
-    from inference.gateway import cache
+    from inference.gateway import cache, cache_semantic
     from inference.gateway.auth import KeyInfo
     from inference.gateway.redis import redis_async
     from inference.gateway.schema import parse_request
@@ -175,10 +175,14 @@ async def semantic_lookup(entries: int, dims: int, lookups: int) -> dict[str, An
     await pipe.execute()
     timings: dict[str, list[float]] = {"cold": [], "warm": [], "hits": []}
     for i in range(lookups):
-        query = vectors[i % entries] if i % 2 else cache.unit_vector(draw.standard_normal(dims))
+        query = (
+            vectors[i % entries]
+            if i % 2
+            else cache_semantic.unit_vector(draw.standard_normal(dims))
+        )
         found = ticket()
         started = time.perf_counter()
-        await cache.lookup_similar(found, np.asarray(query, dtype=np.float32))
+        await cache_semantic.lookup_similar(found, np.asarray(query, dtype=np.float32))
         took = (time.perf_counter() - started) * 1000
         timings["cold" if i == 0 else "warm"].append(took)
         if found.hit:
@@ -187,14 +191,14 @@ async def semantic_lookup(entries: int, dims: int, lookups: int) -> dict[str, An
     # each; the copy takes the changes since its last read.
     churn: list[float] = []
     for i in range(lookups // 2):
-        vector = cache.unit_vector(draw.standard_normal(dims))
+        vector = cache_semantic.unit_vector(draw.standard_normal(dims))
         await client.eval(
             cache.STORE.source, 1, base, f"n{i}", answer, 3_600_000, entries, 2**40,
             partition, np.asarray(vector, dtype=np.float32).tobytes(),
         )  # fmt: skip
         found = ticket()
         started = time.perf_counter()
-        await cache.lookup_similar(found, np.asarray(vector, dtype=np.float32))
+        await cache_semantic.lookup_similar(found, np.asarray(vector, dtype=np.float32))
         churn.append((time.perf_counter() - started) * 1000)
     await client.eval(cache.PURGE.source, 1, base)
     warm = timings["warm"]

@@ -75,10 +75,10 @@ def channel(name: str) -> str:
 
 
 # How many processes an announcement of version N reached, and how many have applied it
-# since (each watcher counts itself once it has looked: ``inference.gateway.watch``), kept a
-# minute: ``applied_wait`` waits for the second to reach the first (a drill, a test: "every
+# since (each watcher counts itself once it has looked: ``inference.gateway.watch``), kept an
+# hour: ``applied_wait`` waits for the second to reach the first (a drill, a test: "every
 # gateway serves this now"). Keys ``ip:{<tag>}:reached:<N>`` and ``ip:{<tag>}:applied:<N>``.
-APPLIED_SECONDS = 60
+APPLIED_SECONDS = 3600
 
 
 def announced_keys(tag: str, version: str | int) -> tuple[str, str]:
@@ -99,28 +99,29 @@ def announce(name: str, message: str | int, *, tag: str | None = None) -> int:
 
 
 def applied_wait(tag: str, version_key: str, *, within: float, what: str) -> int:
-    """Wait until every process the last announcement of ``version_key``'s version reached
-    (the watchers holding a copy) has applied it or a newer one; returns how many. One not
-    holding a copy was not reached: it reads the snapshot when it first needs it. Raises
-    ``TimeoutError`` naming the version when some have not within ``within`` seconds."""
+    """Wait until every process the announcement of ``version_key``'s version reached (the
+    watchers holding a copy) has applied it or a newer one; returns how many. One not
+    holding a copy was not reached: it reads the snapshot when it first needs it. A version
+    whose announcement is not counted yet (the publisher between its write and its
+    ``SPUBLISH``) is waited for too. Raises ``TimeoutError`` naming the version when that
+    does not happen within ``within`` seconds (nor for one announced over an hour ago)."""
     client = redis_sync()
     raw = cast(bytes | None, client.get(version_key))
-    version = None if raw is None else raw.decode()
-    reached_key, applied_key = announced_keys(tag, version or "")
-    reached = None if version is None else cast(bytes | None, client.get(reached_key))
-    if reached is None:  # never announced, or over a minute ago
+    if raw is None:  # nothing published (a Redis that lost it rebuilds it on first use)
         return 0
+    version = raw.decode()
+    reached_key, applied_key = announced_keys(tag, version)
     deadline = time.monotonic() + within
     while True:
-        applied = int(cast(bytes | None, client.get(applied_key)) or 0)
-        if applied >= int(reached):
-            return applied
+        reached, applied = cast(list[bytes | None], client.mget(reached_key, applied_key))
+        if reached is not None and int(applied or 0) >= int(reached):
+            return int(applied or 0)
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"{applied} of {int(reached)} processes applied {what}'s version {version} "
-                f"within {within} s"
+                f"{int(applied or 0)} of {'?' if reached is None else int(reached)} processes "
+                f"applied {what}'s version {version} within {within} s"
             )
-        time.sleep(0.01)  # a poll of Redis's counter, bounded by the deadline above
+        time.sleep(0.01)  # a poll of Redis's counters, bounded by the deadline above
 
 
 @cache

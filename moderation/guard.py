@@ -71,22 +71,26 @@ class PolicyView:
         self.policies: Snapshot | None = None
         self.cascades: dict[int, Cascade] = {}
         self.task: asyncio.Task[None] | None = None
+        self.resumed: asyncio.Task[None] | None = None  # the first look of a watch restarted
         self._lock = asyncio.Lock()
 
     async def get(self) -> Snapshot:
         if self.task is None or self.task.done():
-            listened, self.task = (
-                self.task is not None,
-                asyncio.create_task(self._refresh_forever()),
-            )
+            listened = self.task is not None
+            self.task = asyncio.create_task(self._refresh_forever())
             if listened and self.policies is not None:  # what changed while no one listened
-                try:
-                    await self.refresh()
-                except RedisError:
-                    log.warning("could not look at the moderation policies", exc_info=True)
+                self.resumed = asyncio.create_task(self._catch_up())
+        if self.resumed is not None and not self.resumed.done():
+            await asyncio.shield(self.resumed)  # every caller meanwhile, not only the first
         if self.policies is None:
             await self.refresh()
         return self.policies or {}
+
+    async def _catch_up(self) -> None:
+        try:
+            await self.refresh()
+        except Exception:  # the database may be away too: serve from the last copy
+            log.warning("could not look at the moderation policies", exc_info=True)
 
     async def cascade(self, tenant_id: int) -> Cascade | None:
         spec = (await self.get()).get(tenant_id)

@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection
+from redis.exceptions import RedisError
 
 from adapters.models import Adapter
 from contract import (
@@ -393,6 +394,10 @@ def test_a_publisher_waits_until_every_process_holding_a_copy_applied_it() -> No
         await asyncio.to_thread(_add_model)  # published on commit: announced to both
         await told.wait()
         assert ready.data is not None and "tiny-next" in ready.data.models
+        version = int(redis_sync().get(CATALOG_VERSION_KEY) or 0)
+        counted = announced_keys(CATALOG_TAG, version)[1]
+        # The ready one counts itself just after its look: then one of two have applied it.
+        await asyncio.to_thread(wait_for, lambda: redis_sync().get(counted) == b"1")
         with pytest.raises(TimeoutError) as late:
             await asyncio.to_thread(catalog_applied, within=0.2)
         release.set()
@@ -432,3 +437,34 @@ def test_a_loop_that_stops_between_runs_is_not_listening_and_looks_when_it_runs_
         loop.run_until_complete(watches_end())
     finally:
         loop.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_version_whose_look_failed_is_counted_once_a_later_look_succeeds() -> None:
+    """A process told of a version whose look fails (Redis away a moment) applies it on the
+    look that follows its next subscription, and counts itself then: a publisher waiting on
+    ``catalog_applied`` is not left waiting for a process that did apply it."""
+    model = model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
+    pool_ensure(name="online", model=model, kind="dedicated", replica_urls=[])
+    catalog_publish()
+
+    async def follow() -> tuple[int, bool]:
+        view, subscribed = CatalogView(), asyncio.Event()
+        original, failed = view._look, list[list[bytes]]()
+
+        async def look(messages: list[bytes]) -> None:
+            if messages and not failed:
+                failed.append(messages)
+                raise RedisError("the look failed")  # the watch subscribes again, then looks
+            await original(messages)
+            subscribed.set()
+
+        view._look = look  # type: ignore[method-assign]
+        await view.get()
+        await subscribed.wait()
+        await asyncio.to_thread(_add_model)
+        applied = await asyncio.to_thread(catalog_applied, within=20)
+        return applied, view.data is not None and "tiny-next" in view.data.models
+
+    applied, has_it = asyncio.run(asyncio.wait_for(follow(), 30))
+    assert applied == 1 and has_it

@@ -141,7 +141,7 @@ class Call:
     # Its dealings with the tenant's response cache (``cache.Ticket``); None: no cache.
     cache: Ticket | None = None
     priority: str = DEFAULT_CLASS  # the class it was admitted in (``gateway.priority``)
-    # Its lent room was taken back and its work aborted (``lifecycle.run_whole``): nothing of
+    # Its lent room was taken back and its work aborted (``headless.run_whole``): nothing of
     # it counts toward the tenant's limits or budgets (it runs again, and is billed then).
     reclaimed: bool = False
 

@@ -57,19 +57,17 @@ class CatalogView:
         self.merged: dict[int, Catalog] = {}  # tenant -> data with its adapters in it
         self.generation = 0  # moves whenever parts are dropped: a fetch under way is stale
         self.task: asyncio.Task[None] | None = None
+        self.resumed: asyncio.Task[None] | None = None  # the first look of a watch restarted
         self._lock = asyncio.Lock()
 
     async def get(self) -> Catalog:
         if self.task is None or self.task.done():
-            listened, self.task = (
-                self.task is not None,
-                asyncio.create_task(self._refresh_forever()),
-            )
+            listened = self.task is not None
+            self.task = asyncio.create_task(self._refresh_forever())
             if listened and self.data is not None:  # what changed while no one listened
-                try:
-                    await self._look([])
-                except RedisError:
-                    log.warning("could not look at the serving catalog's version", exc_info=True)
+                self.resumed = asyncio.create_task(self._catch_up())
+        if self.resumed is not None and not self.resumed.done():
+            await asyncio.shield(self.resumed)  # every caller meanwhile, not only the first
         if self.data is None:
             await self.refresh()
         if self.data is None:  # refresh() always sets it; this keeps the type checker honest
@@ -99,6 +97,12 @@ class CatalogView:
         if data is self.data:
             self.merged[tenant_id] = found
         return found
+
+    async def _catch_up(self) -> None:
+        try:
+            await self._look([])
+        except Exception:  # the database may be away too: serve from the last copy
+            log.warning("could not look at the serving catalog's version", exc_info=True)
 
     def _drop(self, tenants: list[int] | None) -> None:
         self.generation += 1

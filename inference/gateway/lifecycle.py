@@ -19,8 +19,8 @@ own methods (``call.State``); its outcome and error are set only by ``Call.fail`
 
 ``begin`` also takes the seams of ``inference.gateway.seams``: an output filter the chunks pass
 through, an input check run beside the upstream request, and a pool to run on instead of
-the model's online one. ``run_whole`` runs one request to its non-streamed answer, for code
-that has no HTTP request (a batch line in a Celery worker).
+the model's online one. ``headless.run_whole`` runs one request to its non-streamed answer,
+for code that has no HTTP request (a batch line in a Celery worker).
 """
 
 from __future__ import annotations
@@ -30,19 +30,16 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
-import orjson
 from django.conf import settings
-from django.db import DatabaseError
-from redis.exceptions import RedisError
 
 from contract import UsageRecord
 from inference.gateway import cache, responses
-from inference.gateway.admission import admission
 from inference.gateway.auth import KeyInfo
 from inference.gateway.call import Call, MidStreamError, State
-from inference.gateway.errors import ApiError, lent_reclaimed, overloaded
-from inference.gateway.prepare import Screen, prepare
+from inference.gateway.errors import ApiError
+from inference.gateway.prepare import Embed, Screen, prepare
 from inference.gateway.relay import Relay
+from inference.gateway.replay import Replay
 from inference.gateway.schema import PREFILL_ONLY, ParsedRequest
 from inference.gateway.seams import (
     InputCheck,
@@ -72,8 +69,8 @@ class Lifecycle:
         self.call = call
         # An answer from the tenant's response cache takes the engine's place.
         ticket = call.cache
-        self.relay: Relay | cache.Replay = (
-            cache.Replay(call, ticket.entry)
+        self.relay: Relay | Replay = (
+            Replay(call, ticket.entry)
             if ticket is not None and ticket.entry is not None
             else Relay(call, tokens)
         )
@@ -100,6 +97,7 @@ class Lifecycle:
         asked: cache.Directives | None = None,
         lend: str | None = None,
         lend_open: Callable[[], bool] | None = None,
+        embed: Embed | None = None,
     ) -> Lifecycle:
         """``pool``: the pool to run on (by name) instead of the model's online pool;
         ``mode`` and ``ledger``: how the call is billed and where its record goes;
@@ -110,7 +108,8 @@ class Lifecycle:
         as a chat completion), for the ledger and the metrics; ``asked``: what the request's
         headers ask of the tenant's response cache; ``lend`` and ``lend_open``: an online
         pool that may lend the call idle room, and whether it may still be asked
-        (``prepare``)."""
+        (``prepare``); ``embed``: how the semantic cache embeds a request's text
+        (``headless.embedder``; without it the lookup is exact only)."""
         if whole and (output_filter is not None or input_check is not None):
             raise ValueError("a filter or check that can stop the answer needs its stream")
         # The tenant's moderation, unless the caller brought seams of its own.
@@ -154,7 +153,7 @@ class Lifecycle:
             screen=screen,
             surface=surface,
             asked=asked,
-            embed=lambda model, text: _embed(key, model, text),
+            embed=embed,
             lend=lend,
             lend_open=lend_open,
         )
@@ -304,7 +303,7 @@ class Lifecycle:
         call = self.call
         chat = call.parsed.endpoint == "chat.completions"
         ticket = call.cache
-        if call.parsed.endpoint == "embeddings" and isinstance(self.relay, cache.Replay):
+        if call.parsed.endpoint == "embeddings" and isinstance(self.relay, Replay):
             call.end()  # the stored vectors, whole
             return {
                 "object": "list",
@@ -378,127 +377,3 @@ def _note_finished(chunks: list[dict[str, Any]], finished: set[int]) -> None:
         for choice in chunk.get("choices") or ():
             if choice.get("finish_reason"):
                 finished.add(int(choice.get("index") or 0))
-
-
-_NOT_KEPT = cache.Directives(read=False, store=False)
-
-
-async def _embed(key: KeyInfo, model: str, text: str) -> list[float] | None:
-    """``text``'s vector from ``model``, as the tenant's own embeddings request (admitted to
-    the embedding pool, metered and billed like any): the semantic cache's lookup. In a task
-    of its own, so its request id stays its own; None when it is refused or fails."""
-    body = orjson.dumps({"model": model, "input": text, "encoding_format": "float"})
-    # Within a budget (the chat waits on it, holding its limits), and not kept in the exact
-    # cache itself (its vector is kept with the answer).
-    lookup = asyncio.ensure_future(
-        run_whole(key=key, raw_body=body, endpoint="embeddings", asked=_NOT_KEPT)
-    )
-    try:
-        status, answer = await asyncio.wait_for(
-            lookup, settings.INFERPLANE_RESPONSE_CACHE_EMBED_MS / 1000
-        )
-    except TimeoutError:
-        return None
-    if status != 200:
-        return None
-    data = answer.get("data") or [{}]
-    vector = data[0].get("embedding")
-    return vector if isinstance(vector, list) else None
-
-
-async def run_whole(
-    *,
-    key: KeyInfo,
-    raw_body: bytes,
-    endpoint: str,
-    pool: str | None = None,
-    output_filter: OutputFilter | None = None,
-    input_check: InputCheck | None = None,
-    mode: str = "online",
-    ledger: Callable[[UsageRecord], None] | None = None,
-    admitted: Callable[[str], None] | None = None,
-    asked: cache.Directives | None = None,
-    lend: str | None = None,
-    lend_open: Callable[[], bool] | None = None,
-) -> tuple[int, dict[str, Any]]:
-    """One request run to completion without an HTTP request (a batch line in a Celery
-    worker: ``async_to_sync(run_whole)(...)``, or many at once in one ``asyncio.run``):
-    the same limits, admission, routing and metering as online, on ``pool`` if given.
-    Returns (200, the non-streamed OpenAI body) — whatever the body's ``stream`` says — or
-    (the status, the OpenAI error body) as the HTTP endpoint would answer them. Without an
-    output filter or input check the engine is asked for its answer whole, not streamed
-    (``Call.whole``): the same answer and counts, at less work per token. ``admitted`` is
-    told the pool it was admitted to; ``lend``: an online pool that may lend it idle room
-    (``prepare``), which it gives back when online requests need it: the engine's work is
-    aborted and the answer is the 503 ``lent_capacity_reclaimed`` (nothing billed: the
-    caller drops its record and runs it again); ``lend_open``: whether it may still ask
-    for lent room while it waits for ``pool``."""
-    try:
-        life = await Lifecycle.begin(
-            key=key,
-            raw_body=raw_body,
-            endpoint=endpoint,
-            pool=pool,
-            output_filter=output_filter,
-            input_check=input_check,
-            mode=mode,
-            ledger=ledger,
-            # A check or filter that stops the answer bills what the engine made: only a
-            # stream says how much that was.
-            whole=output_filter is None and input_check is None,
-            asked=asked,
-            lend=lend,
-            lend_open=lend_open,
-        )
-        if admitted is not None:  # past limits and admission: a replica is ours now
-            admitted(life.call.route.pool)
-        reclaimed = admission().reclaimed.get(life.call.rid) if life.call.route.lent else None
-        if reclaimed is None:
-            return await _answer(life)
-        return await _until_reclaimed(life, reclaimed)
-    except ApiError as error:
-        return error.status, error.body()
-    except (RedisError, DatabaseError):
-        # As online: without Redis nothing is served unmetered.
-        busy = overloaded(1, "The service is briefly unavailable. Retry in a moment.")
-        return busy.status, busy.body()
-
-
-async def _answer(life: Lifecycle) -> tuple[int, dict[str, Any]]:
-    async with life:
-        return await _whole(life)
-
-
-async def _whole(life: Lifecycle) -> tuple[int, dict[str, Any]]:
-    await life.start()
-    return 200, await life.whole()
-
-
-async def _until_reclaimed(life: Lifecycle, reclaimed: asyncio.Event) -> tuple[int, dict[str, Any]]:
-    """A lent call's answer, unless its room is taken back first: then its engine work is
-    aborted (closing the connection aborts it in vLLM) and it ends cut off, counting toward
-    nothing (``Call.reclaimed``)."""
-    async with life:  # entered here, so that it is settled however the wait below ends
-        answering = asyncio.ensure_future(_whole(life))
-        watching = asyncio.ensure_future(reclaimed.wait())
-        try:
-            await asyncio.wait((answering, watching), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watching.cancel()
-            if not answering.done():
-                answering.cancel()
-                await asyncio.gather(answering, return_exceptions=True)
-        # Taken back, or failed because it was (its replica failed over as the room was
-        # taken: the request was gone from admission): a lost room, not the line's failure.
-        lost = (
-            answering.cancelled()
-            or life.call.reclaimed
-            or (reclaimed.is_set() and answering.exception() is not None)
-        )
-        if not lost:
-            return answering.result()  # it finished first: kept
-        call = life.call
-        call.reclaimed = True
-        if call.state.live:
-            call.fail("its lent room was taken back", outcome=State.CUT_OFF)
-        raise lent_reclaimed()

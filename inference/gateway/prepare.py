@@ -10,7 +10,6 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from django.conf import settings
 from redis.exceptions import RedisError
@@ -18,28 +17,28 @@ from redis.exceptions import RedisError
 from billing.pricing import price_of
 from contract import (
     Catalog,
-    CatalogPool,
     Servable,
     UsageRecord,
     price_in_force,
 )
 from controlplane.logs import request_id_new, request_id_var
-from inference.gateway import cache, lending, limits, metrics
-from inference.gateway.admission import BANDS, DEFAULT_BAND, CatalogMissing, NotTaken, admission
+from inference.gateway import cache, cache_semantic, limits, metrics
+from inference.gateway.admission import BANDS, DEFAULT_BAND
+from inference.gateway.admit import (
+    admit_to,
+    borrow_or_admit,
+    give_back,
+    release_quietly,
+    take_and_admit,
+)
 from inference.gateway.auth import KeyInfo
 from inference.gateway.call import Adapter, Call, Route, State
 from inference.gateway.catalog import catalog_view
+from inference.gateway.checks import check_content_parts, check_max_tokens
 from inference.gateway.errors import ApiError, invalid_request, model_not_found, overloaded
 from inference.gateway.priority import request_class
 from inference.gateway.salt import cache_salt, salted_prefix
-from inference.gateway.schema import (
-    PREFILL_ONLY,
-    ParsedRequest,
-    check_content_parts,
-    check_max_tokens,
-    parse_request,
-    upstream_body,
-)
+from inference.gateway.schema import PREFILL_ONLY, ParsedRequest, parse_request, upstream_body
 from tenants.priority import band
 
 log = logging.getLogger(__name__)
@@ -232,7 +231,7 @@ async def prepare(
     ):
         # Nothing decides between the limits and admission: both go in one round trip.
         queued_at = time.perf_counter()
-        grant, replica = await _take_and_admit(
+        grant, replica = await take_and_admit(
             view, pool_name, pool_info, planned, key, parsed, adapter, prefix, priority
         )
     else:
@@ -247,7 +246,7 @@ async def prepare(
                 await _look_up_similar(ticket, embed)
             if refusal is None and not (ticket is not None and ticket.hit):
                 if lender is not None and lend is not None:
-                    replica, lent = await _borrow_or_admit(
+                    replica, lent = await borrow_or_admit(
                         view,
                         pool_name,
                         pool_info,
@@ -265,7 +264,7 @@ async def prepare(
                     if lent:
                         pool_name, pool_info = lend, lender
                 else:
-                    replica = await _admit(
+                    replica = await admit_to(
                         view,
                         pool_name,
                         pool_info,
@@ -278,14 +277,14 @@ async def prepare(
                         priority,
                     )
         except BaseException:
-            await asyncio.shield(_release_quietly(grant))
+            await asyncio.shield(release_quietly(grant))
             raise
     # A replica newer than our copy of the catalog.
     if replica and replica not in pool_info.replicas:
         try:
             await view.refresh()
         except BaseException:  # the slot is ours already: give it back with the limits
-            await asyncio.shield(_give_back(pool_name, rid, grant))
+            await asyncio.shield(give_back(pool_name, rid, grant))
             raise
         pool_info = (view.data or catalog).pools.get(pool_name, pool_info)
     call = Call(
@@ -337,45 +336,6 @@ async def prepare(
     return call
 
 
-async def _take_and_admit(
-    view: Any,
-    pool_name: str,
-    pool: CatalogPool,
-    planned: limits.Plan,
-    key: KeyInfo,
-    parsed: ParsedRequest,
-    adapter: Adapter | None,
-    prefix: str,
-    priority: str,
-) -> tuple[limits.Grant, str]:
-    """The limits taken and a replica admitted to, ACQUIRE sent beside ENQUEUE in one
-    round trip. When the limits refuse, admission's part is undone (``Admission.admit``)
-    and the refusal is decided as it would have been alone (a 429, or a monthly counter
-    seeded and the request admitted after)."""
-    try:
-        replica = await _admit(
-            view, pool_name, pool, planned.rid, key, parsed, planned, adapter, prefix, priority,
-            alongside=planned,
-        )  # fmt: skip
-    except NotTaken as refused:
-        if isinstance(refused.result, Exception):
-            raise refused.result from None
-        grant = await limits.decide(planned, refused.result)  # a 429 is raised here
-        try:
-            replica = await _admit(
-                view, pool_name, pool, planned.rid, key, parsed, grant, adapter, prefix, priority
-            )
-        except BaseException:
-            await asyncio.shield(_release_quietly(grant))
-            raise
-        return grant, replica
-    except BaseException:
-        if planned.result is not None and planned.taken(planned.result):
-            await asyncio.shield(_release_quietly(planned.grant()))
-        raise
-    return planned.grant(), replica
-
-
 def _check_fits(parsed: ParsedRequest, capacity: int) -> None:
     """A request is as many sequences as the engine will run for it (prompts x n); one that
     a replica cannot run at once would hold a whole replica, or wait forever: refused."""
@@ -394,112 +354,6 @@ def _check_fits(parsed: ParsedRequest, capacity: int) -> None:
             param="n" if parsed.prompts == 1 else "prompt",
             code="request_too_large",
         )
-
-
-async def _borrow_or_admit(
-    view: Any,
-    pool_name: str,
-    pool: CatalogPool,
-    lend: str,
-    lender: CatalogPool,
-    lend_open: Callable[[], bool],
-    rid: str,
-    key: KeyInfo,
-    parsed: ParsedRequest,
-    grant: limits.Grant,
-    adapter: Adapter | None,
-    prefix: str,
-    priority: str,
-) -> tuple[str, bool]:
-    """A batch line offered room by a lending pool (``prepare``'s ``lend``): room lent now,
-    else a place in its own pool's queue that it leaves for lent room coming first
-    (``lending.queue_or_borrow``) — or, with no pool of its own to wait in, lent room asked
-    for every ``BORROW_EVERY`` up to the lender's queue wait (a 503 after it). Returns (the
-    replica, whether it is lent room)."""
-
-    def borrow() -> Awaitable[str]:
-        return lending.borrow(lend, rid, key, parsed, grant, adapter, prefix)
-
-    replica = await borrow()
-    if replica:
-        return replica, True
-    if lend == pool_name:
-        deadline = time.monotonic() + lender.max_queue_wait_seconds
-        while time.monotonic() < deadline:
-            await asyncio.sleep(lending.BORROW_EVERY)
-            if replica := await borrow():
-                return replica, True
-        raise overloaded(2, f"Pool `{lend}` had no room to lend.")
-    deadline = time.monotonic() + pool.max_queue_wait_seconds
-
-    def give_back() -> Awaitable[None]:
-        return admission().complete(pool=pool_name, rid=rid, adjustment=0)
-
-    return await lending.queue_or_borrow(
-        lambda: _admit(
-            view,
-            pool_name,
-            pool,
-            rid,
-            key,
-            parsed,
-            grant,
-            adapter,
-            prefix,
-            priority,
-            wait=max(1.0, deadline - time.monotonic()),
-        ),
-        borrow,
-        lambda: lending.lendable(lend, parsed, adapter, prefix),
-        give_back,
-        deadline=deadline,
-        may_ask=lend_open,
-    )
-
-
-async def _admit(
-    view: Any,
-    pool_name: str,
-    pool: CatalogPool,
-    rid: str,
-    key: KeyInfo,
-    parsed: ParsedRequest,
-    grant: limits.Grant | limits.Plan,
-    adapter: Adapter | None,
-    prefix: str,
-    priority: str,
-    wait: float | None = None,
-    alongside: limits.Plan | None = None,
-) -> str:
-    """Admitted to a replica of the pool, in the band of its ``priority`` class; ``prefix``:
-    the request's salted prefix hash, for prefix-affine routing within the tenant's own cache
-    partition. It waits ``wait`` seconds at most (the pool's queue wait by default)."""
-    for attempt in range(2):
-        try:
-            return await admission().admit(
-                pool=pool_name,
-                rid=rid,
-                tenant=key.tenant_id,
-                weight=key.weight,
-                prompt_estimate=parsed.prompt_estimate,
-                prefix=prefix,
-                wait_seconds=pool.max_queue_wait_seconds if wait is None else wait,
-                limit_keys=grant.conc_keys,
-                limit_member=grant.member,
-                adapter=adapter.engine_name if adapter else "",
-                sequences=parsed.sequences,
-                band=band(priority),
-                # Sent once: a retry after a republish has the limits taken already.
-                alongside=alongside if alongside is not None and alongside.result is None else None,
-            )
-        except CatalogMissing:
-            if attempt:
-                break
-            await view.refresh(republish=True)
-        except RedisError:
-            log.warning("admission unavailable", exc_info=True)
-            break
-    raise overloaded(2, "Admission is unavailable for a moment. Retry shortly.")
 
 
 async def _look_up(ticket: cache.Ticket) -> None:
@@ -522,22 +376,7 @@ async def _look_up_similar(ticket: cache.Ticket, embed: Embed | None) -> None:
         ticket.semantic, ticket.reason = None, "semantic-unavailable"
         return
     try:
-        await cache.lookup_similar(ticket, cache.unit_vector(values))
+        await cache_semantic.lookup_similar(ticket, cache_semantic.unit_vector(values))
     except (RedisError, ValueError):
         log.warning("semantic cache unavailable", exc_info=True)
         ticket.semantic, ticket.reason = None, "semantic-unavailable"
-
-
-async def _give_back(pool: str, rid: str, grant: limits.Grant) -> None:
-    try:
-        await admission().complete(pool=pool, rid=rid, adjustment=0)
-    except RedisError:
-        log.warning("could not give back the slot of %s", rid, exc_info=True)
-    await _release_quietly(grant)
-
-
-async def _release_quietly(grant: limits.Grant) -> None:
-    try:
-        await grant.release(0)
-    except RedisError:
-        log.warning("could not release limits of %s", grant.rid, exc_info=True)

@@ -26,6 +26,8 @@ from inference.gateway.upstream import (
     PATHS,
     TRANSPORT_ERRORS,
     SseBatches,
+    Stalled,
+    Watchdog,
     engine_error,
     engine_request_ids,
     engine_session,
@@ -50,34 +52,6 @@ ABORT_ASK_SECONDS = 1.0
 PRIORITY_HEADER = "X-Vllm-Priority"
 # The streams this process is relaying now (a crowd of them is coalesced: ``Relay.__aiter__``).
 _relaying = [0]
-
-
-class Stalled(Exception):
-    """The engine stopped sending mid-stream (a hung GPU, a stopped process, a partition)."""
-
-
-class _Watchdog:
-    """One timer per stream for the engine's silences: it wakes every ``stall`` seconds at
-    most, and ends a read that has waited that long with ``Stalled``. A read armed with its
-    own timeout would cost a timer set and cancelled per token; time spent writing to a slow
-    client is not the engine's silence and is not counted."""
-
-    __slots__ = ("_batches", "_handle", "_loop", "_stall")
-
-    def __init__(self, batches: SseBatches, stall: float, loop: asyncio.AbstractEventLoop) -> None:
-        self._batches, self._stall, self._loop = batches, stall, loop
-        self._handle = loop.call_later(stall, self._check)
-
-    def _check(self) -> None:
-        since = self._batches.waiting_since
-        if since is not None and self._loop.time() - since >= self._stall:
-            self._batches.stalled(Stalled(f"the engine sent nothing for {self._stall} s"))
-            return
-        start = self._loop.time() if since is None else since
-        self._handle = self._loop.call_at(start + self._stall, self._check)
-
-    def stop(self) -> None:
-        self._handle.cancel()
 
 
 def _transport_reason(exc: BaseException) -> str:
@@ -109,7 +83,7 @@ class Relay:
         self.completion_by_choice: dict[int, int] = {} if tokens is None else tokens
         self.prompt_by_prompt: dict[int, int] = {}
         self.answer: dict[str, Any] | None = None  # a whole answer (``Call.whole``)
-        self.watchdog: _Watchdog | None = None  # while the stream is relayed
+        self.watchdog: Watchdog | None = None  # while the stream is relayed
 
     def usage(self) -> dict[str, Any]:
         """The answer's usage: the engine's counts."""
@@ -275,7 +249,7 @@ class Relay:
         # and its tokens go out as they come; a crowd's writes are what the CPU goes to.
         hold = settings.INFERPLANE_STREAM_COALESCE_MS  # in ms: the loop's clock counts them
         crowd = settings.INFERPLANE_STREAM_COALESCE_FROM_STREAMS
-        self.watchdog = watchdog = _Watchdog(
+        self.watchdog = watchdog = Watchdog(
             batches, settings.INFERPLANE_ENGINE_STALL_TIMEOUT_SECONDS, loop
         )
         gaps = metrics.TokenGaps()

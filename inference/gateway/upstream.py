@@ -1,4 +1,5 @@
-"""The engines' side: one shared aiohttp session per process, SSE parsing, engine errors.
+"""The engines' side: one shared aiohttp session per process, SSE parsing, engine errors, and
+the watchdog that ends a stream the engine went silent on (``Watchdog``, ``Stalled``).
 
 aiohttp rather than httpx on this path: its HTTP parser is C (llhttp) and reading a chunk
 costs no task-group or cancel-scope machinery. Profiled under 64 concurrent streams, httpx's
@@ -13,8 +14,8 @@ import aiohttp
 import orjson
 from django.conf import settings
 
+from inference.gateway.checks import context_error
 from inference.gateway.errors import ApiError, invalid_request
-from inference.gateway.schema import context_error
 
 _sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
@@ -121,3 +122,31 @@ def engine_error(status: int, body: bytes) -> ApiError:
     if status == 400 or status == 422:
         return invalid_request(message or "The engine refused the request.")
     return ApiError(status, message or "The engine refused the request.", type="server_error")
+
+
+class Stalled(Exception):
+    """The engine stopped sending mid-stream (a hung GPU, a stopped process, a partition)."""
+
+
+class Watchdog:
+    """One timer per stream for the engine's silences: it wakes every ``stall`` seconds at
+    most, and ends a read that has waited that long with ``Stalled``. A read armed with its
+    own timeout would cost a timer set and cancelled per token; time spent writing to a slow
+    client is not the engine's silence and is not counted."""
+
+    __slots__ = ("_batches", "_handle", "_loop", "_stall")
+
+    def __init__(self, batches: SseBatches, stall: float, loop: asyncio.AbstractEventLoop) -> None:
+        self._batches, self._stall, self._loop = batches, stall, loop
+        self._handle = loop.call_later(stall, self._check)
+
+    def _check(self) -> None:
+        since = self._batches.waiting_since
+        if since is not None and self._loop.time() - since >= self._stall:
+            self._batches.stalled(Stalled(f"the engine sent nothing for {self._stall} s"))
+            return
+        start = self._loop.time() if since is None else since
+        self._handle = self._loop.call_at(start + self._stall, self._check)
+
+    def stop(self) -> None:
+        self._handle.cancel()

@@ -28,6 +28,7 @@ from inference.gateway.auth import KeyInfo, authenticate, bearer_token
 from inference.gateway.call import MidStreamError
 from inference.gateway.catalog import catalog_view
 from inference.gateway.errors import ApiError, model_not_found, overloaded
+from inference.gateway.headless import embedder
 from inference.gateway.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,7 @@ class CompletionConsumer(GatewayHttpConsumer):
             asked=cache.directives(
                 self.header(b"cache-control"), self.header(b"x-inferplane-cache")
             ),
+            embed=embedder(self.checked_key),
         )
         self.ran = True
         async with life:

@@ -32,6 +32,7 @@ from inference.gateway import responses_in, responses_out
 from inference.gateway.call import MidStreamError
 from inference.gateway.db import run_conversations_db
 from inference.gateway.errors import ApiError, invalid_request
+from inference.gateway.headless import embedder
 from inference.gateway.lifecycle import Lifecycle
 from inference.gateway.v1 import JSON, SSE_HEADERS, YIELD_EVERY, GatewayHttpConsumer
 
@@ -101,6 +102,7 @@ class ResponsesConsumer(GatewayHttpConsumer):
                 endpoint="chat.completions",
                 surface="responses",
                 rid=self.rid,
+                embed=embedder(key),
             )
         except ApiError as error:
             raise responses_in.renamed(error) from None

@@ -29,15 +29,17 @@ log = logging.getLogger(__name__)
 RETRY_SECONDS = 1.0  # after a failed look or a lost subscription
 
 
-async def _applied(tag: str, versions: list[bytes], what: str) -> None:
-    """Count this process among those that applied ``versions`` (``applied_wait``)."""
-    if not versions:
+async def _applied(tag: str | None, versions: list[bytes], what: str) -> None:
+    """Count this process among those that applied ``versions`` (``applied_wait``), which
+    are then forgotten (a count lost to Redis is only a waiter's)."""
+    if tag is None or not versions:
         return
     pipe = redis_async().pipeline(transaction=False)
     for version in versions:
         applied = announced_keys(tag, version.decode())[1]
         pipe.incr(applied)
         pipe.expire(applied, APPLIED_SECONDS)
+    versions.clear()
     try:
         await pipe.execute()
     except RedisError:  # only a waiter misses it (and says so); serving goes on
@@ -92,6 +94,9 @@ async def _watch(
     what: str,
     tag: str | None,
 ) -> None:
+    # Versions announced to this process that no look has applied yet (one failed): the next
+    # look that succeeds, on a new subscription if need be, counts them.
+    pending: list[bytes] = []
     while True:
         try:
             pubsub = (await client_ready(redis_async())).pubsub()
@@ -104,6 +109,7 @@ async def _watch(
         try:
             await pubsub.ssubscribe(channel(name))
             await look([])  # what was published before the subscription took
+            await _applied(tag, pending, what)
             while True:
                 message = await read(timeout=quiet_seconds())
                 burst: list[bytes] = []
@@ -113,9 +119,10 @@ async def _watch(
                     elif message.get("type") == "sunsubscribe":  # its slot moved: subscribe anew
                         raise RedisConnectionError(f"{name}: the shard ended the subscription")
                     message = await read(timeout=0)
-                await look(burst)
                 if tag is not None:
-                    await _applied(tag, [m for m in burst if m.isdigit()], what)
+                    pending += [m for m in burst if m.isdigit()]
+                await look(burst)
+                await _applied(tag, pending, what)
         except asyncio.CancelledError:
             raise
         except (RedisError, OSError):

@@ -21,6 +21,7 @@ from inference.gateway import metrics
 from inference.gateway.auth import authenticate, bearer_token
 from inference.gateway.call import MidStreamError
 from inference.gateway.errors import ApiError, overloaded
+from inference.gateway.headless import embedder
 from inference.gateway.lifecycle import ClientGone, Lifecycle
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,11 @@ class GatewayWebSocketConsumer(AsyncWebsocketConsumer):
     ) -> None:
         key = seen["key"] = await authenticate(self.authorization)  # revoked: refused now
         life = await Lifecycle.begin(
-            key=key, raw_body=orjson.dumps(body), endpoint=endpoint, rid=request_id
+            key=key,
+            raw_body=orjson.dumps(body),
+            endpoint=endpoint,
+            rid=request_id,
+            embed=embedder(key),
         )
         seen["ran"] = True
         async with life:  # a closed socket (ClientGone) or a cancel: cut off, drained, metered

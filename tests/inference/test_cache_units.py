@@ -13,7 +13,7 @@ import pytest
 from django.test import override_settings
 
 from controlplane.redis import redis_sync
-from inference.gateway import cache
+from inference.gateway import cache, cache_semantic, replay
 from inference.gateway.auth import KeyInfo
 from inference.gateway.schema import parse_request
 from tests.contract import STREAMED_COMPLETION, validate
@@ -211,7 +211,7 @@ def test_a_replayed_stream_has_openais_chunk_shape(chat: bool) -> None:
     else:
         entry = {"choices": [{"index": 0, "text": text, "finish_reason": "length"}]}
     created = int(datetime.now(UTC).timestamp())
-    chunks = cache.replay_chunks(
+    chunks = replay.replay_chunks(
         entry, chat=chat, rid="r1", created=created, model="tiny-chat", null_usage=chat
     )
     component = "CreateChatCompletionStreamResponse" if chat else STREAMED_COMPLETION
@@ -312,8 +312,8 @@ async def test_a_similar_text_finds_its_answer_inside_its_partition_only() -> No
     semantic = ticket.semantic
     assert semantic is not None
     stored = {
-        "a": cache.unit_vector([1.0, 0.0, 0.0]),
-        "b": cache.unit_vector([0.0, 1.0, 0.0]),
+        "a": cache_semantic.unit_vector([1.0, 0.0, 0.0]),
+        "b": cache_semantic.unit_vector([0.0, 1.0, 0.0]),
     }
     for digest, vector in stored.items():
         answer = orjson.dumps({"choices": [{"index": 0, "text": digest}]})
@@ -321,8 +321,8 @@ async def test_a_similar_text_finds_its_answer_inside_its_partition_only() -> No
             cache.STORE.source, 1, cache.prefix(tenant), digest, answer, 60_000, 10, 10**6,
             semantic.partition, vector.tobytes(),
         )  # fmt: skip
-    near_b = cache.unit_vector([0.1, 1.0, 0.0])
-    await cache.lookup_similar(ticket, near_b)
+    near_b = cache_semantic.unit_vector([0.1, 1.0, 0.0])
+    await cache_semantic.lookup_similar(ticket, near_b)
     assert ticket.hit and ticket.entry == {"choices": [{"index": 0, "text": "b"}]}
     assert semantic.similarity is not None and 0.99 < semantic.similarity < 1.0
     assert (b"x-inferplane-cache-similarity", f"{semantic.similarity:.4f}".encode()) in (
@@ -330,16 +330,16 @@ async def test_a_similar_text_finds_its_answer_inside_its_partition_only() -> No
     )
     # Below the threshold: a miss, with the best similarity said.
     far = _semantic_ticket(BASE, tenant=tenant)
-    await cache.lookup_similar(far, cache.unit_vector([1.0, 1.0, 1.0]))
+    await cache_semantic.lookup_similar(far, cache_semantic.unit_vector([1.0, 1.0, 1.0]))
     assert not far.hit and far.semantic is not None and far.semantic.similarity < 0.9  # type: ignore[operator]
     # Another tenant, the same partition name: nothing of the first's.
     theirs = _semantic_ticket(BASE, tenant=other)
-    await cache.lookup_similar(theirs, near_b)
+    await cache_semantic.lookup_similar(theirs, near_b)
     assert not theirs.hit and theirs.semantic is not None and theirs.semantic.similarity is None
     # A purge empties the partition, and every process's copy of it follows.
     await client.eval(cache.PURGE.source, 1, cache.prefix(tenant))
     again = _semantic_ticket(BASE, tenant=tenant)
-    await cache.lookup_similar(again, near_b)
+    await cache_semantic.lookup_similar(again, near_b)
     assert not again.hit
     assert [k async for k in client.scan_iter(match=cache.prefix(tenant) + "*")] == [
         (cache.prefix(tenant) + f"so:{semantic.partition}").encode()
@@ -365,13 +365,13 @@ async def test_every_web_process_copy_follows_the_partition_through_any_change()
     assert ticket.semantic is not None
     partition = ticket.semantic.partition
     draw = random.Random(3)
-    copies: list[Any] = [cache._mirrors, OrderedDict()]
+    copies: list[Any] = [cache_semantic._mirrors, OrderedDict()]
     held: dict[str, Any] = {}
 
     async def look(process: int) -> None:
-        cache._mirrors = copies[process]
-        query = cache.unit_vector([draw.uniform(-1, 1) for _ in range(4)])
-        mirror = await cache._mirror(tenant, partition, 4)
+        cache_semantic._mirrors = copies[process]
+        query = cache_semantic.unit_vector([draw.uniform(-1, 1) for _ in range(4)])
+        mirror = await cache_semantic._mirror(tenant, partition, 4)
         stored = await client.hgetall(f"{base}s:{partition}")
         assert set(mirror.digests) == {d.decode() for d in stored}
         found = mirror.best(query)
@@ -382,7 +382,7 @@ async def test_every_web_process_copy_follows_the_partition_through_any_change()
     try:
         for step in range(1300):  # past the log's 1,000 + twice the partition: compacted
             digest = f"d{draw.randrange(40)}"
-            vector = cache.unit_vector([draw.uniform(-1, 1) for _ in range(4)])
+            vector = cache_semantic.unit_vector([draw.uniform(-1, 1) for _ in range(4)])
             answer = orjson.dumps({"choices": [{"index": 0}]})
             await client.eval(
                 cache.STORE.source, 1, base, digest, answer, 60_000, 12, 10**6,
@@ -400,6 +400,6 @@ async def test_every_web_process_copy_follows_the_partition_through_any_change()
         await look(0)
         await look(1)
     finally:
-        cache._mirrors = copies[0]
+        cache_semantic._mirrors = copies[0]
         await client.eval(cache.PURGE.source, 1, base)
         await client.delete(f"{base}so:{partition}")

@@ -83,7 +83,8 @@ def _records(world: World, tenant: Tenant, count: int) -> list[UsageRecord]:
         lambda: len(r := world.records(tenant=tenant)) >= count and r, timeout=30
     )
     assert len(found) == count
-    return found
+    # In the order the requests began: the drains may write one after the next one's.
+    return sorted(found, key=lambda record: record.started_at)
 
 
 def test_a_repeat_is_answered_from_the_tenants_own_cache_and_billed_as_a_hit(

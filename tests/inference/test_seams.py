@@ -24,7 +24,8 @@ from inference.gateway.admission import queue_state
 from inference.gateway.auth import KeyInfo, key_info_from_db
 from inference.gateway.call import State
 from inference.gateway.errors import ApiError
-from inference.gateway.lifecycle import Lifecycle, run_whole
+from inference.gateway.headless import run_whole
+from inference.gateway.lifecycle import Lifecycle
 from inference.gateway.redis import redis_async
 from inference.gateway.schema import ParsedRequest
 from inference.gateway.seams import PassThrough, Screened

@@ -218,7 +218,7 @@ def test_a_tenant_names_only_a_guard_model_it_may_call(guarded: World) -> None:
     model.is_public = False
     model.save()
     model.allowed_tenants.add(owner)
-    catalog_publish()
+    catalog_everywhere()
     try:
         with pytest.raises(PolicyInvalid) as refused:
             moderation_policy_set(tenant=outsider, changes={"budget_ms": 500}, actor=None)
