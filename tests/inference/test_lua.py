@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import redis
 
-from inference.gateway import admission, cache, limits, lora
+from inference.gateway import admission, cache, cache_semantic, limits, lora
 from inference.gateway.lua import LUA_DIR, Batch, Script
 from inference.gateway.redis import redis_async
 
@@ -14,7 +14,7 @@ from inference.gateway.redis import redis_async
 def test_every_script_file_is_used_and_has_the_shared_clock() -> None:
     scripts = [
         v
-        for module in (admission, cache, limits, lora)
+        for module in (admission, cache, cache_semantic, limits, lora)
         for v in vars(module).values()
         if isinstance(v, Script)
     ]
