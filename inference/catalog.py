@@ -10,6 +10,7 @@ interval (a lost announcement, within the gateways' minute between looks).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -18,7 +19,7 @@ from typing import Any, cast
 
 import msgspec
 from django.utils import timezone
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import LockError, NoScriptError, RedisError
 
 from adapters.publishing import adapters_for_catalog
 from billing.pricing import prices_for_catalog
@@ -47,6 +48,7 @@ CATALOG_DIGEST_KEY = "ip:{catalog}:digest"
 CATALOG_CHANNEL = "ip:catalog:changed"
 # Its announcements' reach and the processes that applied them (``applied_wait``).
 CATALOG_TAG = "catalog"
+PUBLISH_LOCK = "ip:{catalog}:publish-lock"
 
 # The adapters are not in the snapshot but in parts, one per tenant (a hash: tenant id ->
 # its adapters), which a web process fetches when that tenant first calls and again only
@@ -189,6 +191,21 @@ def catalog_publish(*, force: bool = False) -> Catalog:
     """Publish the catalog (the snapshot without the adapters, and the adapters' parts that
     changed); returns it whole, as built. The snapshot is written when it changed (or is
     missing), and always with ``force`` (for one a reader found unreadable)."""
+    # One publisher at a time, each building inside the lock: a health-probe round that read
+    # the database just before a change committed cannot write its older copy after the
+    # change's own publish (which runs on commit, so it waits here and writes last). A lock
+    # not had within its wait, or lost meanwhile (expired, flushed), does not stop a publish.
+    lock = redis_sync().lock(PUBLISH_LOCK, timeout=30, blocking_timeout=30)
+    if not lock.acquire():
+        log.warning("publishing the catalog without its lock (held over 30 s)")
+    try:
+        return _publish(force=force)
+    finally:
+        with contextlib.suppress(LockError):
+            lock.release()
+
+
+def _publish(*, force: bool) -> Catalog:
     catalog = catalog_build()
     snapshot = msgspec.structs.replace(catalog, adapters={})
     digest = hashlib.sha256(encode(msgspec.structs.replace(snapshot, version=0))).hexdigest()

@@ -5,6 +5,7 @@ trip through Redis whole — or being rebuilt when what Redis holds cannot be re
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from decimal import Decimal
 
@@ -12,6 +13,7 @@ import pytest
 from django.db import connection
 from redis.exceptions import RedisError
 
+import inference.catalog
 from adapters.models import Adapter
 from contract import (
     AdapterVersion,
@@ -35,6 +37,7 @@ from inference.catalog import (
     catalog_applied,
     catalog_build,
     catalog_publish,
+    catalog_published,
 )
 from inference.gateway.catalog import CatalogView
 from inference.gateway.watch import watches_end
@@ -468,3 +471,43 @@ def test_a_version_whose_look_failed_is_counted_once_a_later_look_succeeds() -> 
 
     applied, has_it = asyncio.run(asyncio.wait_for(follow(), 30))
     assert applied == 1 and has_it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_publish_that_read_before_a_change_never_writes_over_the_changes_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two publishers at once: a health-probe round that read the database, then a change
+    and its own publish (on commit) while the round still holds what it read. The round's
+    older copy is never the last written: the change's publish waits for it, then reads."""
+    model = model_ensure(name="tiny-chat", served_name="/models/tiny", context_length=2048)
+    pool_ensure(name="online", model=model, kind="dedicated", replica_urls=[])
+    catalog_publish()
+    read, written = threading.Event(), threading.Event()
+    build = inference.catalog.catalog_build
+
+    def held_build() -> Catalog:
+        built = build()
+        if threading.current_thread().name == "round":
+            read.set()
+            written.wait(10)  # until the change's publish is done (or waits on the round)
+        return built
+
+    def round_() -> None:
+        try:
+            catalog_publish()
+        finally:
+            connection.close()  # this thread's own connection
+
+    monkeypatch.setattr(inference.catalog, "catalog_build", held_build)
+    probe = threading.Thread(target=round_, name="round")
+    probe.start()
+    assert read.wait(10)
+    change = threading.Thread(target=_add_model)  # publishes on commit
+    change.start()
+    change.join(timeout=3)  # done already only if nothing made it wait
+    written.set()
+    probe.join(timeout=30)
+    change.join(timeout=30)
+    published = catalog_published()
+    assert published is not None and "tiny-next" in published.models
