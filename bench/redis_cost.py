@@ -92,13 +92,14 @@ def _script_names() -> dict[str, str]:
 
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
         django.setup()
-        from inference.gateway import admission, cache, limits, lora
+        from inference.gateway import cache, cache_semantic, limits, lora
+        from inference.gateway.admission import scripts as admission
         from inference.gateway.lua import Script
     except Exception:  # a stack of another checkout: SHAs only
         return {}
     return {
         value.sha[:8]: value.name
-        for module in (admission, cache, limits, lora)
+        for module in (admission, cache, cache_semantic, limits, lora)
         for value in vars(module).values()
         if isinstance(value, Script)
     }

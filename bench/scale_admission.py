@@ -288,15 +288,8 @@ async def _admission_phase(
 ) -> dict[str, Any]:
     """One pool, ``tenants`` all backlogged, at least ``backlog`` requests outstanding."""
     from inference.catalog import pool_prefix
-    from inference.gateway.admission import (
-        BANDS,
-        COMPLETE,
-        ENQUEUE,
-        TICK,
-        W_IN,
-        W_OUT,
-        Admission,
-    )
+    from inference.gateway.admission import BANDS, W_IN, W_OUT, Admission
+    from inference.gateway.admission.scripts import COMPLETE, ENQUEUE, TICK
     from inference.gateway.lua import Batch
     from inference.gateway.redis import redis_async
 

@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
 from batches.gauges import BatchGauges, batch_gauges_read
-from batches.runner import BATCH_LINES_KEY  # the workers count lines there (not scraped)
+from batches.lines import BATCH_LINES_KEY  # the workers count lines there (not scraped)
 from contract import Catalog
 from controlplane.redis import redis_sync
 from fleet.models import Replica

@@ -43,7 +43,7 @@ class _Scorer:
 
 def classifier() -> _Scorer:
     """The process's scorer, loaded on first use (call it off the event loop the first time:
-    ``moderation.guard`` warms it in a thread when a policy needs it)."""
+    ``moderation.policy_view`` warms it in a thread when a policy needs it)."""
     global _model
     if _model is None:
         with _lock:

@@ -19,6 +19,9 @@ tokens, so a phrase of up to ``overlap`` tokens that straddles two windows is st
 whole. ``async`` mode releases tokens at once and cuts within one window
 of the violation; ``hold`` mode releases text only once a window that contains it has passed
 (and keeps the overlap back until the next one has), so no unchecked text reaches the client.
+
+The policies' copy is ``moderation.policy_view``, the texts read ``moderation.texts``, what
+a check leaves behind (events, metrics, the guard models' records) ``moderation.records``.
 """
 
 from __future__ import annotations
@@ -30,328 +33,23 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
-import msgspec
-import orjson
-from redis.exceptions import RedisError
-
-from billing.pricing import price_of
-from contract import UsageRecord, price_in_force
+from contract import UsageRecord
 from inference.gateway import metering, metrics
 from inference.gateway.auth import KeyInfo
-from inference.gateway.catalog import catalog_view
-from inference.gateway.db import run_db
-from inference.gateway.redis import redis_async
 from inference.gateway.schema import ParsedRequest
 from inference.gateway.seams import Chunk, GuardBuilder, InputCheck, Screened
-from inference.gateway.watch import watch_forever
-from moderation import classifier
 from moderation.cascade import Assessment, Cascade, GuardUse
-from moderation.policy import SEVERITY, PolicySpec, Snapshot, snapshot_decoder, window_step
-from moderation.publishing import CHANNEL, POLICIES_KEY, TAG, VERSION_KEY, policies_publish
-from moderation.rules import mask
-from moderation.services import EVENTS_STREAM
+from moderation.policy import SEVERITY, PolicySpec, window_step
+from moderation.policy_view import policy_view
+from moderation.records import guard_cost, guard_record, moderation_checked, record_event
+from moderation.texts import input_texts, mask_body, visible_texts
 from tenants.priority import band
 
 log = logging.getLogger(__name__)
 
-QUIET_SECONDS = 60.0  # a look at the version without being told (inference.gateway.watch)
 MODEL_NAME = "inferplane-moderation"
-
-
-class PolicyView:
-    """This process's policies, refreshed in the background when a publish announces a
-    change (``inference.gateway.watch``): one ``GET`` of the version, the snapshot fetched only
-    when it changed; rebuilt from Postgres when Redis has none. Compiled cascades are kept
-    per (tenant, policy version)."""
-
-    def __init__(self) -> None:
-        self.version: bytes | None = None
-        self.policies: Snapshot | None = None
-        self.cascades: dict[int, Cascade] = {}
-        self.task: asyncio.Task[None] | None = None
-        self.resumed: asyncio.Task[None] | None = None  # the first look of a watch restarted
-        self._lock = asyncio.Lock()
-
-    async def get(self) -> Snapshot:
-        if self.task is None or self.task.done():
-            listened = self.task is not None
-            self.task = asyncio.create_task(self._refresh_forever())
-            if listened and self.policies is not None:  # what changed while no one listened
-                self.resumed = asyncio.create_task(self._catch_up())
-        if self.resumed is not None and not self.resumed.done():
-            await asyncio.shield(self.resumed)  # every caller meanwhile, not only the first
-        if self.policies is None:
-            await self.refresh()
-        return self.policies or {}
-
-    async def _catch_up(self) -> None:
-        try:
-            await self.refresh()
-        except Exception:  # the database may be away too: serve from the last copy
-            log.warning("could not look at the moderation policies", exc_info=True)
-
-    async def cascade(self, tenant_id: int) -> Cascade | None:
-        spec = (await self.get()).get(tenant_id)
-        if spec is None:
-            return None
-        found = self.cascades.get(tenant_id)
-        if found is None or found.spec.version != spec.version:  # compiled once a version
-            found = self.cascades[tenant_id] = Cascade(tenant_id, spec)
-        return found
-
-    async def refresh(self) -> None:
-        async with self._lock:
-            client = redis_async()
-            version = cast(bytes | None, await client.get(VERSION_KEY))
-            if version is not None and version == self.version and self.policies is not None:
-                return
-            raw = await client.get(POLICIES_KEY) if version is not None else None
-            policies: Snapshot | None = None
-            if raw is not None:
-                try:
-                    policies = snapshot_decoder.decode(raw)
-                except msgspec.DecodeError:
-                    log.warning("moderation policies in Redis unreadable: republishing them")
-            if policies is None:
-                number, rebuilt = await run_db(policies_publish)
-                policies, version = rebuilt, str(number).encode()
-            known: Snapshot = policies
-            self.version, self.policies = version, known
-            self.cascades = {t: c for t, c in self.cascades.items() if t in known}
-            if any(spec.classifier for spec in known.values()) and not classifier.loaded():
-                # Load the embedded classifier now, off the loop, not in a request's budget.
-                asyncio.get_running_loop().run_in_executor(None, classifier.classifier)
-
-    async def _refresh_forever(self) -> None:
-        await watch_forever(
-            CHANNEL,
-            lambda _messages: self.refresh(),
-            quiet_seconds=lambda: QUIET_SECONDS,
-            what="the moderation policies",
-            tag=TAG,
-        )
-
-
-_views: dict[asyncio.AbstractEventLoop, PolicyView] = {}
-
-
-def policy_view() -> PolicyView:
-    loop = asyncio.get_running_loop()
-    view = _views.get(loop)
-    if view is None:
-        view = _views[loop] = PolicyView()
-    return view
-
-
-# --- events -----------------------------------------------------------------------------------
-
-
-async def record_event(
-    cascade: Cascade,
-    *,
-    key: KeyInfo,
-    rid: str,
-    where: str,
-    found: Assessment,
-    text: str,
-) -> None:
-    """One event, through the Redis stream the worker moves into Postgres
-    (``moderation_events_flush``); the text only when the tenant opted in."""
-    event = {
-        "tenant_id": cascade.tenant_id,
-        "request_id": rid,
-        "where": where,
-        "action": found.action or "log",
-        "categories": found.categories,
-        "rules": found.rules,
-        "failure": found.failure,
-        "text": text[:4000] if cascade.spec.store_text else "",
-        "key_prefix": key.prefix,
-        "at": time.time(),
-    }
-    try:
-        await redis_async().xadd(EVENTS_STREAM, {"e": orjson.dumps(event)})
-    except RedisError:
-        log.warning("moderation event lost (Redis unavailable): %s", event | {"text": ""})
-
-
-def moderation_checked(stage: str, found: Assessment, seconds: float | None = None) -> None:
-    """A check's verdict in the gateway's metrics (``inferplane_moderation_checks_total``)."""
-    metrics.moderation_checked(
-        stage, action=found.action, failed=bool(found.failure), seconds=seconds
-    )
-
-
-# --- the input --------------------------------------------------------------------------------
-
-
-def _walk(value: Any, rewrite: Any) -> None:
-    """Every string inside a JSON list or object (a tool's definition: its name, description
-    and parameters' schema; keys too, a property's name is read as well) through ``rewrite``,
-    in place where it changes one. A loop, not recursion: any depth the JSON parser took."""
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            for i, item in enumerate(node):
-                if isinstance(item, str):
-                    new = rewrite(item)
-                    if new is not item:
-                        node[i] = new
-                elif isinstance(item, list | dict):
-                    stack.append(item)
-        elif isinstance(node, dict):
-            for key in list(node):
-                item = node[key]
-                new_key = rewrite(key) if isinstance(key, str) else key
-                if isinstance(item, str):
-                    new = rewrite(item)
-                    if new is not item or new_key is not key:
-                        del node[key]
-                        node[new_key] = new
-                    continue
-                if new_key is not key:
-                    node[new_key] = node.pop(key)
-                if isinstance(item, list | dict):
-                    stack.append(item)
-
-
-def _rewrite(container: Any, key: Any, rewrite: Any) -> None:
-    value = container[key]
-    if isinstance(value, str):
-        new = rewrite(value)
-        if new is not value:
-            container[key] = new
-    else:
-        _walk(value, rewrite)
-
-
-def engine_read(body: dict[str, Any], rewrite: Any) -> None:
-    """Every text of a request the engine may read, through ``rewrite`` (a string in, the
-    same string or another out; stored only when another): every field of every message but
-    its role (content's text and refusal parts, ``name``, tool calls, ``tool_call_id``,
-    reasoning, whatever a chat template may render), the tools' definitions, the template's
-    ``chat_template_kwargs``; a completion's prompts and ``suffix``. The input check reads
-    them all, PII masking masks them all. Images and audio are not text: not read."""
-    messages = body.get("messages")
-    for message in messages if isinstance(messages, list) else ():
-        if not isinstance(message, dict):
-            continue
-        for name in list(message):
-            content = message[name]
-            if name == "role":
-                continue
-            if name == "content" and isinstance(content, list):
-                for part in content:
-                    for field in ("text", "refusal"):
-                        if isinstance(part, dict) and isinstance(part.get(field), str):
-                            _rewrite(part, field, rewrite)
-            else:
-                _rewrite(message, name, rewrite)
-    for name in ("tools", "chat_template_kwargs", "prompt", "suffix"):
-        if name in body:
-            _rewrite(body, name, rewrite)
-
-
-def input_texts(parsed: ParsedRequest) -> list[str] | None:
-    """The request's text as the checks read it (one text: everything the engine reads,
-    one part a line); None for a completion's token ids, which carry no text to read."""
-    body = parsed.body
-    prompt = body.get("prompt")
-    if parsed.endpoint != "chat.completions" and not (
-        isinstance(prompt, str)
-        or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))
-    ):
-        return None
-    texts: list[str] = []
-
-    def collect(text: str) -> str:
-        texts.append(text)
-        return text
-
-    engine_read(body, collect)  # returns each text as it came: nothing is changed
-    return ["\n".join(texts)]
-
-
-def _mask_body(upstream: bytes, assess_pii: Any) -> bytes:
-    body = orjson.loads(upstream)
-    changed = False
-
-    def masked(text: str) -> str:
-        nonlocal changed
-        spans = assess_pii(text)
-        if spans:
-            changed = True
-            return mask(text, spans)
-        return text
-
-    engine_read(body, masked)
-    return orjson.dumps(body) if changed else upstream
-
-
-# --- one request ------------------------------------------------------------------------------
-
-
-def _alternatives(entries: Any, chosen: Any) -> list[str]:
-    """The top alternatives a logprobs entry shows beside the token it chose."""
-    out: list[str] = []
-    if isinstance(entries, list):  # chat: [{"token": ..., "logprob": ...}, ...]
-        out = [e.get("token", "") for e in entries if isinstance(e, dict)]
-    elif isinstance(entries, dict):  # completions: {token: logprob, ...}
-        out = list(entries)
-    return [t for t in out if isinstance(t, str) and t != chosen and t.strip()]
-
-
-def visible_texts(choice: Mapping[str, Any], *, chat: bool) -> dict[str, str]:
-    """Every text a streamed choice's delta shows the client, by stream: the answer, a
-    refusal, reasoning, each tool call's name and arguments, and the tokens ``logprobs``
-    offers as alternatives (one a line: each is read as a word of its own; the chosen tokens
-    are the answer's text already). A stream's deltas join into its text; streams are read
-    apart, so a word split across two deltas of one stream is still whole."""
-    out: dict[str, str] = {}
-    if chat:
-        delta = choice.get("delta") or {}
-        for name, stream in (
-            ("content", "text"),
-            ("refusal", "refusal"),
-            ("reasoning_content", "reasoning"),
-            ("reasoning", "reasoning"),
-        ):
-            value = delta.get(name)
-            if isinstance(value, str) and value:
-                out[stream] = out.get(stream, "") + value
-        for call in delta.get("tool_calls") or ():
-            if not isinstance(call, dict):
-                continue
-            function = call.get("function") or {}
-            for part in ("name", "arguments"):
-                value = function.get(part)
-                if isinstance(value, str) and value:
-                    out[f"tool {call.get('index', 0)} {part}"] = value
-        logprobs = choice.get("logprobs") or {}
-        entries = [*(logprobs.get("content") or ()), *(logprobs.get("refusal") or ())]
-        alternatives = [
-            word
-            for entry in entries
-            if isinstance(entry, dict)
-            for word in _alternatives(entry.get("top_logprobs"), entry.get("token"))
-        ]
-    else:
-        text = choice.get("text")
-        if isinstance(text, str) and text:
-            out["text"] = text
-        logprobs = choice.get("logprobs") or {}
-        tokens = logprobs.get("tokens") or []
-        alternatives = [
-            word
-            for i, entries in enumerate(logprobs.get("top_logprobs") or ())
-            for word in _alternatives(entries, tokens[i] if i < len(tokens) else None)
-        ]
-    if alternatives:
-        out["alternatives"] = "".join(word + "\n" for word in alternatives)
-    return out
 
 
 @dataclass(slots=True)
@@ -484,7 +182,7 @@ class Guarded:
         """PII masked in the prompt before the engine sees it (``pii_action: mask``)."""
         if self.spec.pii_action != "mask":
             return upstream
-        return _mask_body(upstream, lambda text: self.cascade.rules.check(text).pii)
+        return mask_body(upstream, lambda text: self.cascade.rules.check(text).pii)
 
     # the output filter (seams.OutputFilter)
     async def screen(self, batch: list[Chunk]) -> Screened:
@@ -720,36 +418,3 @@ async def guard_source(key: KeyInfo) -> GuardBuilder | None:
         return Guarded(cascade, key=key, rid=rid, parsed=parsed, tokens=tokens)
 
     return build
-
-
-async def guard_cost(key: KeyInfo, model_name: str, tokens: int, *, batch: bool = False) -> int:
-    """What a guard model's tokens cost at the catalog's price (the ledger prices the record
-    itself, with the same arithmetic): for the key's spend budgets."""
-    if not tokens:
-        return 0
-    catalog = await catalog_view().for_tenant(key.tenant_id)
-    model = catalog.models.get(model_name)
-    rates = price_in_force(model.prices, tenant_id=key.tenant_id, at=time.time()) if model else None
-    return price_of(rates, prompt_tokens=tokens, completion_tokens=0, batch=batch)
-
-
-def guard_record(
-    *, rid: str, key: KeyInfo, model: str, use: GuardUse, mode: str, started_at: datetime
-) -> UsageRecord:
-    """The ledger's record of a guard model's work: prompt tokens, on the guard model."""
-    finished = datetime.now(UTC)
-    return UsageRecord(
-        request_id=rid,
-        tenant_id=key.tenant_id,
-        api_key_id=key.key_id,
-        model=model,
-        endpoint="moderations",
-        mode=mode,
-        status="ok",
-        prompt_tokens=use.tokens,
-        pool=use.pool,
-        replica=use.replica,
-        duration_ms=int((finished - started_at).total_seconds() * 1000),
-        started_at=started_at,
-        finished_at=finished,
-    )

@@ -2,7 +2,7 @@
 
 The control plane stores the policy (``ModerationPolicy``) and publishes every tenant's as one
 snapshot in Redis (``moderation.publishing``); each web process keeps a copy it refreshes when
-a publish announces a change (``moderation.guard``), so a change applies everywhere within
+a publish announces a change (``moderation.policy_view``), so a change applies everywhere within
 two seconds and no request reads the database for it. ``PolicySpec`` is that snapshot's
 entry, checked on decode.
 """

@@ -66,7 +66,7 @@ def moderation_policy_set(
 ) -> ModerationPolicy:
     """Create or change the tenant's policy. Raises ``PolicyInvalid`` (with the field and the
     reason) for a policy that cannot work; nothing is saved then. Every web process applies
-    the change within two seconds (announced on commit; ``moderation.guard`` then reads it)."""
+    the change within two seconds (announced on commit; ``moderation.policy_view`` reads it)."""
     unknown = set(changes) - set(FIELDS)
     if unknown:
         raise PolicyInvalid(sorted(unknown)[0], "not a policy field")

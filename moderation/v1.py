@@ -28,8 +28,10 @@ from inference.gateway.lua import Batch
 from inference.gateway.v1 import JSON, GatewayHttpConsumer
 from moderation.cascade import Cascade, GuardUse
 from moderation.categories import CATEGORIES
-from moderation.guard import MODEL_NAME, guard_cost, moderation_checked, policy_view
+from moderation.guard import MODEL_NAME
 from moderation.policy import CategoryRule, PolicySpec
+from moderation.policy_view import policy_view
+from moderation.records import guard_cost, moderation_checked
 from moderation.services import DEFAULT_THRESHOLD
 from tenants.priority import band
 

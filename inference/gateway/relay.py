@@ -17,19 +17,18 @@ from redis.exceptions import RedisError
 
 from inference.engine_auth import engine_auth_headers
 from inference.gateway import lora, metrics
+from inference.gateway.abort import abort_and_count
 from inference.gateway.admission import admission
 from inference.gateway.call import Call, MidStreamError, State
 from inference.gateway.errors import lent_reclaimed, overloaded
 from inference.gateway.responses import clean
 from inference.gateway.upstream import (
-    ABORT_PATH,
     PATHS,
     TRANSPORT_ERRORS,
     SseBatches,
     Stalled,
     Watchdog,
     engine_error,
-    engine_request_ids,
     engine_session,
 )
 from inference.gateway.whole import Unanswered, post_whole, take_whole
@@ -39,15 +38,6 @@ log = logging.getLogger(__name__)
 PROGRESS_SECONDS = 1.0  # how often a running request's output tokens are charged
 MAX_ATTEMPTS = 3
 RETRY_PAUSE_SECONDS = 0.2
-DRAIN_IDLE_SECONDS = 0.05
-DRAIN_CAP_SECONDS = 0.25
-# After the engine took an abort: its last events (each sequence's finish_reason "abort",
-# then the usage of all it generated) come within milliseconds. A pause of ABORTED_IDLE
-# means it is not stopping them (ids it did not know: vLLM answers 200 to any), and the
-# connection is closed, which aborts them; the whole wait is bounded by ABORTED_CAP.
-ABORTED_IDLE_SECONDS = 1.0
-ABORTED_CAP_SECONDS = 5.0
-ABORT_ASK_SECONDS = 1.0
 # vLLM's per-request priority (it overrides one in the body), for engines that schedule by it.
 PRIORITY_HEADER = "X-Vllm-Priority"
 # The streams this process is relaying now (a crowd of them is coalesced: ``Relay.__aiter__``).
@@ -356,63 +346,14 @@ class Relay:
 
     async def drain(self) -> None:
         """After the client left (or a filter stopped the answer): stop the engine, and take
-        in everything it generated, so the ledger holds the engine's own count.
-
-        The engine is asked to abort the call's sequences by the request id the gateway gave
-        it (vLLM's ``abort_requests``); it then ends each with ``finish_reason: "abort"`` and
-        sends the usage of all it generated, which is read to the ``[DONE]`` (within
-        ``ABORTED_CAP_SECONDS``). An engine that does not take the abort (one started
-        without ``--enable-scale-out``) is read while data keeps coming without a pause of
-        ``DRAIN_IDLE_SECONDS`` (up to ``DRAIN_CAP_SECONDS``), then closed, which aborts it:
-        then the steps it was running when the connection closed are not billed.
-        """
+        in everything it generated, so the ledger holds the engine's own count
+        (``inference.gateway.abort``)."""
         if self.watchdog is not None:
             self.watchdog.stop()  # the drain bounds its own waits
         if self.batches is None or self.read_to_end:
             return
-        try:
-            if self.first is not None:  # never relayed: its counts are the engine's too
-                batch, self.first = self.first, None
-                if self._count_raw(batch):
-                    self.read_to_end = True
-                    return
-            idle, cap = DRAIN_IDLE_SECONDS, DRAIN_CAP_SECONDS
-            if await self._abort():
-                idle, cap = ABORTED_IDLE_SECONDS, ABORTED_CAP_SECONDS
-            deadline = time.perf_counter() + cap
-            while (remaining := deadline - time.perf_counter()) > 0:
-                batch = await asyncio.wait_for(anext(self.batches), timeout=min(idle, remaining))
-                if self._count_raw(batch):
-                    self.read_to_end = True
-                    return
-        except (
-            TimeoutError,
-            StopAsyncIteration,
-            Stalled,
-            *TRANSPORT_ERRORS,
-            orjson.JSONDecodeError,
-        ):
-            return
-
-    async def _abort(self) -> bool:
-        """Ask the engine to abort this call's sequences; True if it took the request."""
-        call = self.call
-        ids = engine_request_ids(
-            endpoint=call.parsed.endpoint, rid=call.rid, prompts=call.parsed.prompts
-        )
-        try:
-            async with (
-                asyncio.timeout(ABORT_ASK_SECONDS),
-                engine_session().post(
-                    call.route.replica_url + ABORT_PATH,
-                    json={"request_ids": ids},
-                    headers=engine_auth_headers(),
-                ) as response,
-            ):
-                await response.read()
-                return response.status == 200
-        except (*TRANSPORT_ERRORS, TimeoutError):
-            return False
+        first, self.first = self.first, None  # never relayed: its counts are the engine's too
+        self.read_to_end = await abort_and_count(self.call, self.batches, first, self._count_raw)
 
     def _count_raw(self, batch: list[bytes]) -> bool:
         """Count a batch nobody will see; True at the engine's ``[DONE]``."""

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.gateway.responses_in import new_id
+from inference.gateway.items import new_id
 
 
 def skeleton(body: dict[str, Any], *, response_id: str, created_at: int) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from inference.gateway.call import MidStreamError
 from inference.gateway.db import run_conversations_db
 from inference.gateway.errors import ApiError, invalid_request
 from inference.gateway.headless import embedder
+from inference.gateway.items import new_id
 from inference.gateway.lifecycle import Lifecycle
 from inference.gateway.v1 import JSON, SSE_HEADERS, YIELD_EVERY, GatewayHttpConsumer
 
@@ -93,7 +94,7 @@ class ResponsesConsumer(GatewayHttpConsumer):
             request, history, max_bytes=settings.INFERPLANE_MAX_BODY_BYTES
         )
         response = responses_out.skeleton(
-            request, response_id=responses_in.new_id("resp"), created_at=int(time.time())
+            request, response_id=new_id("resp"), created_at=int(time.time())
         )
         try:
             life = await Lifecycle.begin(

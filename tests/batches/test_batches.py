@@ -27,8 +27,9 @@ from django.core.files import File as DjangoFile
 from django.core.files.storage import default_storage
 from django.utils import timezone
 
+from batches.lines import claim, store
 from batches.models import Batch, File, Line
-from batches.runner import _claim, _store, batch_run
+from batches.runner import batch_run
 from batches.services import batches_expire
 from billing.models import UsageRecord
 from billing.services import price_set
@@ -495,9 +496,9 @@ def test_a_result_from_a_worker_that_lost_its_claim_is_neither_stored_nor_billed
         expires_at=timezone.now() + timedelta(hours=24),
     )
     line = Line.objects.create(batch=batch, number=1, custom_id="late", body={})
-    (mine,) = _claim(batch.pk, "worker-a", 1)
+    (mine,) = claim(batch.pk, "worker-a", 1)
     Line.objects.filter(pk=line.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
-    (theirs,) = _claim(batch.pk, "worker-b", 1)  # the lease ran out: another worker takes it
+    (theirs,) = claim(batch.pk, "worker-b", 1)  # the lease ran out: another worker takes it
     assert theirs.pk == mine.pk == line.pk
     now = timezone.now()
     record = UsageRecord_(
@@ -513,10 +514,10 @@ def test_a_result_from_a_worker_that_lost_its_claim_is_neither_stored_nor_billed
         started_at=now,
         finished_at=now,
     )
-    assert not _store(mine, "worker-a", 200, {"usage": {}}, record)
+    assert not store(mine, "worker-a", 200, {"usage": {}}, record)
     assert not UsageRecord.objects.filter(request_id="late-answer").exists()
     assert Line.objects.get(pk=line.pk).state == Line.State.RUNNING  # still worker-b's
-    assert _store(theirs, "worker-b", 200, {"usage": {}}, record)
+    assert store(theirs, "worker-b", 200, {"usage": {}}, record)
     assert UsageRecord.objects.filter(request_id="late-answer").count() == 1
     assert Line.objects.get(pk=line.pk).state == Line.State.DONE
 

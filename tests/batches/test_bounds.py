@@ -15,8 +15,9 @@ from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
+from batches.lines import Answer, Claimed, claim, store_many
 from batches.models import Batch, File, Line
-from batches.runner import Answer, Claimed, Lending, Plan, _claim, _run_line, _store_many
+from batches.runner import Lending, Plan, _run_line
 from batches.selectors import batches_stuck
 from batches.services import _begin_ending, batch_finalize, batches_expire
 from batches.tasks import BATCH_QUEUE, _queued, _sweep, batch_run_task
@@ -58,8 +59,8 @@ def _batch(people: TenantPeople, lines: int = 1, **fields: Any) -> Batch:
 def _attempt(batch: Batch, status: int, body: dict[str, Any], *, begun: bool) -> Line:
     """One claim of the batch's line and its answer, stored as the runner stores it."""
     Line.objects.filter(batch=batch).update(lease_until=None)  # no pause: claim it now
-    [claimed] = _claim(batch.pk, "run-1", 1)
-    assert _store_many("run-1", [Answer(claimed, status, body, None, begun)]) == 1
+    [claimed] = claim(batch.pk, "run-1", 1)
+    assert store_many("run-1", [Answer(claimed, status, body, None, begun)]) == 1
     return Line.objects.get(pk=claimed.pk)
 
 

@@ -23,6 +23,7 @@ from inference.gateway.admission import (
     CatalogMissing,
     queue_state,
 )
+from inference.gateway.admission import scripts as admission_scripts
 from inference.gateway.errors import ApiError
 from inference.gateway.redis import redis_async
 
@@ -263,7 +264,7 @@ async def test_a_client_that_leaves_the_queue_frees_its_place() -> None:
 
 
 async def test_leases_of_a_crashed_process_are_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(admission_module, "LEASE_MS", 200)
+    monkeypatch.setattr(admission_scripts, "LEASE_MS", 200)
     await _pool({"r1": 1})
     crashed = Admission()
     await crashed.admit(

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import redis
 
-from inference.gateway import admission, cache, cache_semantic, limits, lora
+from inference.gateway import cache, cache_semantic, limits, lora
+from inference.gateway.admission import scripts as admission
 from inference.gateway.lua import LUA_DIR, Batch, Script
 from inference.gateway.redis import redis_async
 

@@ -18,7 +18,9 @@ import pytest
 from inference.catalog import catalog_publish
 from inference.gateway import admission as admission_module
 from inference.gateway import limits
-from inference.gateway.admission import PROGRESS, TICK, queue_state
+from inference.gateway.admission import queue_state
+from inference.gateway.admission import scripts as admission_scripts
+from inference.gateway.admission.scripts import PROGRESS, TICK
 from inference.gateway.auth import KeyInfo, key_info_from_db
 from inference.gateway.errors import ApiError
 from inference.gateway.lifecycle import Lifecycle
@@ -39,7 +41,7 @@ BACKGROUND = {s.sha for s in (TICK, PROGRESS)}
 @pytest.fixture(autouse=True)
 def _no_renewals(monkeypatch: pytest.MonkeyPatch) -> None:
     """The leases' renewer wakes every 5 s; a request here lasts well under its leases."""
-    monkeypatch.setattr(admission_module, "RENEW_EVERY", 3600.0)
+    monkeypatch.setattr(admission_scripts, "RENEW_EVERY", 3600.0)
 
 
 def _body(max_tokens: int = 4) -> bytes:

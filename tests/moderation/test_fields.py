@@ -16,8 +16,9 @@ from inference.gateway.auth import KeyInfo
 from inference.gateway.errors import ApiError
 from inference.gateway.schema import parse_request, upstream_body
 from moderation.cascade import Cascade
-from moderation.guard import Guarded, policy_view
+from moderation.guard import Guarded
 from moderation.policy import PolicyInvalid, PolicySpec, policy_check, window_step
+from moderation.policy_view import policy_view
 from moderation.services import moderation_policy_set
 from tests.factories import TenantFactory
 
