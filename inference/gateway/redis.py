@@ -6,13 +6,15 @@ import asyncio
 import os
 from typing import Any
 
+import hiredis
 import redis.asyncio as aioredis
 from django.conf import settings
 from redis.asyncio.cluster import PipelineStrategy, RedisCluster
+from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError
+from redis.exceptions import DataError, MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controlplane.redis import cluster_seed
@@ -47,6 +49,50 @@ class _Cluster(RedisCluster):
         if not transaction:
             pipe._execution_strategy = _SentOnce(pipe)
         return pipe
+
+
+class _HiredisPacking:
+    """Commands packed by hiredis (C), as redis-py's synchronous client packs them when
+    hiredis is installed; its asyncio client packs in Python, ~13-17 µs a script call
+    against ~2-3 (``bench/RESULTS.md``, the embeddings section): a request sends a few
+    such calls. The same bytes either way (``tests/inference/test_lua.py``)."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        elif b" " in args[0]:
+            args = (*args[0].split(), *args[1:])
+        args = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError as error:
+            raise DataError(str(error)) from error
+
+
+_packings: dict[type, type] = {}
+
+
+def _packing(connection_class: type) -> type:
+    """``connection_class`` (plain, TLS or a Unix socket's), packing with hiredis."""
+    if issubclass(connection_class, _HiredisPacking):
+        return connection_class
+    found = _packings.get(connection_class)
+    if found is None:
+        name = f"Packed{connection_class.__name__}"
+        found = _packings[connection_class] = type(name, (_HiredisPacking, connection_class), {})
+    return found
+
+
+def _packed(client: Any) -> None:
+    """Every connection ``client`` makes from now on packs with hiredis."""
+    if isinstance(client, RedisCluster):
+        kwargs = client.nodes_manager.connection_kwargs
+        kwargs["connection_class"] = _packing(kwargs.get("connection_class", Connection))
+        for node in client.nodes_manager.startup_nodes.values():
+            node.connection_class = _packing(node.connection_class)
+    else:
+        pool = client.connection_pool
+        pool.connection_class = _packing(pool.connection_class)
 
 
 def _relearn(client: Any, error: BaseException) -> None:
@@ -161,5 +207,6 @@ def _for_this_loop(
         # A node's failure is the cluster client's to handle: it refreshes the slot map and
         # retries on the slot's new owner (a promoted replica).
         client = _Cluster.from_url(seed, **options)  # type: ignore[assignment]
+    _packed(client)
     clients[loop] = client
     return client

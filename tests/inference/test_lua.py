@@ -4,12 +4,15 @@ loading them and running again exactly what failed — never a command twice."""
 
 from __future__ import annotations
 
+import pytest
 import redis
+from redis.asyncio.connection import Connection
+from redis.exceptions import DataError
 
 from inference.gateway import cache, cache_semantic, limits, lora
 from inference.gateway.admission import scripts as admission
 from inference.gateway.lua import LUA_DIR, Batch, Script
-from inference.gateway.redis import redis_async
+from inference.gateway.redis import _HiredisPacking, redis_async
 
 
 def test_every_script_file_is_used_and_has_the_shared_clock() -> None:
@@ -52,6 +55,38 @@ async def test_a_batch_after_redis_lost_its_scripts_runs_each_command_once() -> 
     assert await client.get("lua-test-counter") == b"2"  # the plain commands ran once
     assert await client.exists("lua-test-lock") == 0
     assert await client.script_exists(lora._UNLOCK.sha) == [True]
+
+
+async def test_the_hot_paths_commands_are_packed_by_hiredis_into_redis_pys_own_bytes() -> None:
+    """The gateway's client packs with hiredis (``inference.gateway.redis._HiredisPacking``):
+    the bytes are those redis-py's own packer writes, for a script call's strings, integers
+    and floats, and a command with a space in its name; what it cannot send is a DataError,
+    as redis-py's; commands and scripts still run (on one Redis, or on a Redis Cluster in
+    the cluster group)."""
+    client = redis_async()
+    assert await client.set("lua-test-packed", "x")
+    assert await client.get("lua-test-packed") == b"x"
+    await client.delete("lua-test-packed")
+    batch = Batch()
+    batch.script(lora._UNLOCK, ["lua-test-packed"], ["token"])
+    batch.incr("lua-test-packed-n")
+    assert await batch.execute() == [0, 1]
+    nodes = client.get_nodes() if hasattr(client, "get_nodes") else [client]
+    classes = {
+        n.connection_class if hasattr(n, "connection_class") else n.connection_pool.connection_class
+        for n in nodes
+    }
+    assert all(issubclass(c, _HiredisPacking) for c in classes), classes
+    packed = next(iter(classes))()
+    plain = Connection()
+    for args in (
+        ("EVALSHA", "a" * 40, 1, "ip:{p:x}:", 20000, 1, "rid", 1.5, -3, "é", b"\x00\xff", ""),
+        ("CLIENT SETNAME", "inferplane"),
+        (b"CONFIG GET", b"maxmemory"),
+    ):
+        assert b"".join(packed.pack_command(*args)) == b"".join(plain.pack_command(*args))
+    with pytest.raises(DataError):
+        packed.pack_command("SET", "k", {"not": "sendable"})  # type: ignore[arg-type]
 
 
 def test_the_redis_py_that_sent_once_was_read_against_is_the_one_installed() -> None:
