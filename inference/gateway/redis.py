@@ -53,9 +53,9 @@ class _Cluster(RedisCluster):
 
 class _HiredisPacking:
     """Commands packed by hiredis (C), as redis-py's synchronous client packs them when
-    hiredis is installed; its asyncio client packs in Python, ~13-17 µs a script call
-    against ~2-3 (``bench/RESULTS.md``, the embeddings section): a request sends a few
-    such calls. The same bytes either way (``tests/inference/test_lua.py``)."""
+    hiredis is installed; its asyncio client packs in Python, several times slower (a
+    request sends a few script calls: ``bench/RESULTS.md``, the embeddings section). The
+    same bytes either way (``tests/inference/test_lua.py``)."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
         if isinstance(args[0], str):
