@@ -322,6 +322,44 @@ def test_a_line_run_twice_is_stored_and_billed_once(spot: World) -> None:
     assert UsageRecord.objects.filter(tenant=tenant).count() == 8
 
 
+def test_a_price_changed_between_two_runs_bills_the_second_run_at_the_new_price(
+    spot: World,
+) -> None:
+    """The stack's Celery worker runs its event loop only during a batch run. Its catalog copy
+    must not stay the one from before a change made between two runs: each run ends its
+    catalog watch (``batches/runner.py``), so no worker process is left subscribed but deaf
+    (its acknowledgement never comes: the wait fails, as it did without the end), and the
+    second batch is billed at the new price. That the next run looks at the version before
+    its first line (``CatalogView.get``) is pinned by the quick contract test
+    (``tests/test_catalog_contract.py``): which of the worker's two processes runs the
+    second batch is Celery's choice, and a process that never ran one reads afresh."""
+    tenant, key = spot.tenant()
+    client = _client(spot, key)
+    model = Model.objects.get(name="tiny-chat")
+
+    def priced(per_mtok: int) -> None:
+        price_set(
+            model=model,
+            input_per_mtok=Decimal(per_mtok),
+            output_per_mtok=Decimal(2 * per_mtok),
+            batch_discount_percent=Decimal(0),
+            actor=None,
+        )
+        catalog_everywhere()  # every process holding a copy applied it
+
+    def run(name: str) -> list[UsageRecord]:
+        batch = _until(client, _create(client, _upload(client, [_line(name)])).id, _finished)
+        assert batch.status == "completed", batch
+        ids = [o["response"]["request_id"] for o in _content(client, batch.output_file_id)]
+        return list(UsageRecord.objects.filter(tenant=tenant, request_id__in=ids))
+
+    for per_mtok, name in ((1, "before"), (1000, "after")):
+        priced(per_mtok)
+        [record] = run(name)
+        expected = Decimal(per_mtok) * (record.prompt_tokens + 2 * record.completion_tokens)
+        assert record.cost_micros == int(expected), (name, record.cost_micros, expected)
+
+
 def test_batch_work_takes_turns_between_tenants(spot: World) -> None:
     """Validations and runs go to the tenant whose turn it is, not to the batches in the
     order they came: six batches of one tenant queued before another tenant's one, the

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from inference.catalog import pool_prefix
 from inference.gateway.admission import scripts
-from inference.gateway.admission.scripts import COMPLETE, RENEW, ROUTE_SLACK, TICK, TICK_SECONDS
+from inference.gateway.admission.scripts import COMPLETE, RENEW, TICK
 from inference.gateway.lua import Batch
 from inference.gateway.redis import LISTEN_IDLE_SECONDS, redis_async, redis_async_blocking
 
@@ -47,7 +47,7 @@ class Grants:
     reclaimed: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def _args(self, *args: str | int | float) -> list[str | int | float]:
-        return [scripts.LEASE_MS, ROUTE_SLACK, *args]
+        return [scripts.LEASE_MS, scripts.ROUTE_SLACK, *args]
 
     async def complete(self, *, pool: str, rid: str, adjustment: float, hold: bool = True) -> None:
         """Free the slot; ``adjustment`` is the weighted service not yet charged. ``hold``:
@@ -86,7 +86,7 @@ class Grants:
                 # (the long wait on a client whose socket outwaits it; the short one on the
                 # shared client, which gives up on a dead connection within seconds)
                 if waiting:
-                    item = await redis_async().blpop([key], timeout=TICK_SECONDS)
+                    item = await redis_async().blpop([key], timeout=scripts.TICK_SECONDS)
                 else:
                     item = await redis_async_blocking().blpop([key], timeout=LISTEN_IDLE_SECONDS)
                 if item is None and waiting:
@@ -124,7 +124,7 @@ class Grants:
         in its long wait: release expired holds every TICK_SECONDS."""
         base = pool_prefix(pool)
         while self.waiting[pool] > 0 and pool in self.listening_idle:
-            await asyncio.sleep(TICK_SECONDS)
+            await asyncio.sleep(scripts.TICK_SECONDS)
             if self.waiting[pool] > 0 and pool in self.listening_idle:
                 with contextlib.suppress(RedisError):
                     await TICK(keys=[base], args=self._args())
