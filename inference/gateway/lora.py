@@ -15,7 +15,8 @@ the replica's lock; requests arriving meanwhile wait for that load instead of st
 own. A replica holding ``max_loras`` adapters first unloads its least recently used one that
 no request is using; choosing and claiming it is one script, so a request cannot start using
 an adapter that is being evicted. Times come from Redis's clock (one clock for every host).
-The health probe reconciles these sets with each engine's ``/v1/models`` (``inference.services``).
+The health probe reconciles these sets with each engine's ``/v1/models``
+(``inference.services.probes``).
 
 Failures: an engine that cannot be reached is a replica failure (the caller fails over); an
 engine that refuses the adapter fails only that request (503 ``adapter_load_failed``).
@@ -62,7 +63,7 @@ _LOADED = Script("lora", "loaded")
 _UNLOCK = Script("lora", "unlock")
 
 # KEYS: held   ARGV: probe began (ms), the adapters the engine lists  (the health probe's,
-# run synchronously by inference.services: what the router believes, made what the engine
+# run synchronously by inference.services.probes: what the router believes, made what the engine
 # holds)
 RECONCILE = Script("lora", "reconcile")
 

@@ -13,12 +13,13 @@ from inference.gateway import cache, cache_semantic, limits, lora
 from inference.gateway.admission import scripts as admission
 from inference.gateway.lua import LUA_DIR, Batch, Script
 from inference.gateway.redis import _HiredisPacking, redis_async
+from inference.services import probes
 
 
 def test_every_script_file_is_used_and_has_the_shared_clock() -> None:
     scripts = [
         v
-        for module in (admission, cache, cache_semantic, limits, lora)
+        for module in (admission, cache, cache_semantic, limits, lora, probes)
         for v in vars(module).values()
         if isinstance(v, Script)
     ]
