@@ -95,12 +95,11 @@ def _script_names() -> dict[str, str]:
         from inference.gateway import cache, cache_semantic, limits, lora
         from inference.gateway.admission import scripts as admission
         from inference.gateway.lua import Script
-        from inference.services import probes
     except Exception:  # a stack of another checkout: SHAs only
         return {}
     return {
         value.sha[:8]: value.name
-        for module in (admission, cache, cache_semantic, limits, lora, probes)
+        for module in (admission, cache, cache_semantic, limits, lora)
         for value in vars(module).values()
         if isinstance(value, Script)
     }

@@ -1,5 +1,5 @@
 -- The engine's adapters (KEYS[1]: the replica's held set), made what the router believes
--- after a probe (inference/services.py): adapters the engine lists (ARGV[2..]) are held
+-- after a probe (inference/services/probes.py): adapters the engine lists (ARGV[2..]) are held
 -- (found after a restart of ours, scored oldest); ones it no longer lists are dropped, unless
 -- a gateway recorded them since the probe began (ARGV[1], in ms).
 local on = {}
