@@ -98,7 +98,7 @@ class UsageFilterForm(forms.Form):
 
 class LimitsForm(forms.Form):
     """Limits and budgets, blank for unlimited, with the control API's bounds
-    (``tenants.apis.LimitsInputSerializer``): a tenant's or a key's."""
+    (``tenants.apis.limits.LimitsInputSerializer``): a tenant's or a key's."""
 
     rpm = forms.IntegerField(
         required=False, min_value=1, max_value=MAX_RATE, label="Requests per minute"
