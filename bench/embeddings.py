@@ -9,9 +9,16 @@ sentence. A target's throughput is the most requests/s it answered at any C: its
 At a few clients a closed loop measures latency again (each client waits for its answer
 before it sends the next), so the ratio at each C is printed too.
 
+The throughput load comes from a lean client (``Connection``: one keep-alive connection per
+client, the request's bytes prepared once, the answer read by its ``content-length``), not
+aiohttp's (several times the CPU a request: bench/RESULTS.md): with
+``--pin`` the load generator shares the gateway's core, and a heavy one takes that core from
+the gateway alone (the engine's core is not touched by it). ``--client aiohttp`` keeps the old
+one, to compare.
+
 Goal: the gateway's throughput >= 0.9x the engine's, and <= 2 ms added at p50.
 
-    .venv/bin/python -m bench.embeddings [--samples 200] [--clients 8,32] [--seconds 15]
+    .venv/bin/python -m bench.embeddings [--samples 200] [--clients 32,128] [--seconds 15]
 """
 
 from __future__ import annotations
@@ -19,10 +26,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
+import uvloop
 
 from bench.harness import ROOT, Bench, django_setup, percentile, tenant_key
 from devkit.engines import EMBED_ENGINE_ARGS
@@ -40,7 +50,7 @@ def _seed(engine: str) -> None:
         name="tiny-embed", served_name="tiny-chat", context_length=1024, task=Model.Task.EMBED
     )
     pool = pool_ensure(name="embed", kind="dedicated", model=model, replica_urls=[engine])
-    Pool.objects.filter(pk=pool.pk).update(max_inflight=64, max_queue_wait_seconds=600)
+    Pool.objects.filter(pk=pool.pk).update(max_inflight=256, max_queue_wait_seconds=600)
     for replica in Replica.objects.filter(pool=pool):
         replica_probe(replica=replica)
     catalog_publish()
@@ -58,17 +68,68 @@ async def _one(session: aiohttp.ClientSession, target: Target) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+class Connection:
+    """One keep-alive HTTP/1.1 connection sending one prepared request over and over: a few
+    tens of µs of the load generator's CPU a request."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, url: str) -> Connection:
+        parts = urlsplit(url)
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        return cls(reader, writer)
+
+    @staticmethod
+    def prepare(target: Target) -> bytes:
+        url, headers, body = target
+        parts = urlsplit(url)
+        payload = json.dumps(body).encode()
+        lines = [f"POST {parts.path} HTTP/1.1", f"host: {parts.netloc}"]
+        lines += ["content-type: application/json", f"content-length: {len(payload)}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
+
+    async def send(self, request: bytes) -> None:
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = None
+        for line in head.lower().split(b"\r\n"):
+            if line.startswith(b"content-length:"):
+                length = int(line[15:])
+        if length is None:  # both the gateway and the engine declare their answers' size
+            raise RuntimeError("an answer without content-length")
+        await self.reader.readexactly(length)
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}")
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 async def _throughput(
-    session: aiohttp.ClientSession, target: Target, clients: int, seconds: float
+    session: aiohttp.ClientSession, target: Target, clients: int, seconds: float, lean: bool
 ) -> tuple[float, int]:
     done = 0
     deadline = time.perf_counter() + seconds
+    request = Connection.prepare(target)
 
     async def client() -> None:
         nonlocal done
-        while time.perf_counter() < deadline:
-            await _one(session, target)
-            done += 1
+        if not lean:
+            while time.perf_counter() < deadline:
+                await _one(session, target)
+                done += 1
+            return
+        connection = await Connection.open(target[0])
+        try:
+            while time.perf_counter() < deadline:
+                await connection.send(request)
+                done += 1
+        finally:
+            connection.close()
 
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
@@ -98,12 +159,17 @@ async def run(
                 latency[name].append(await _one(session, targets[name]))
         by_clients: dict[int, dict[str, float]] = {}
         cpu_per_request: dict[int, float] = {}
+        load_cpu: dict[int, dict[str, float]] = {}
         for clients in args.clients:
             by_clients[clients] = {}
             for name, target in targets.items():
-                cpu = bench.web_cpu_seconds()
-                rate, done = await _throughput(session, target, clients, args.seconds)
+                cpu, own = bench.web_cpu_seconds(), os.times()
+                rate, done = await _throughput(
+                    session, target, clients, args.seconds, lean=args.client == "lean"
+                )
                 by_clients[clients][name] = rate
+                spent = sum(os.times()[:2]) - sum(own[:2])
+                load_cpu.setdefault(clients, {})[name] = spent / max(1, done) * 1e6
                 if name == "gateway":
                     cpu_per_request[clients] = (bench.web_cpu_seconds() - cpu) / max(1, done) * 1e6
     rates = {name: max(r[name] for r in by_clients.values()) for name in targets}
@@ -117,6 +183,7 @@ async def run(
         "added_p50_ms": percentile(latency["gateway"], 50) - percentile(latency["direct"], 50),
         "throughput_ratio": rates["gateway"] / rates["direct"],
         "web_cpu_us_per_request_by_clients": cpu_per_request,
+        "load_generator_cpu_us_per_request_by_clients": load_cpu,
     }
 
 
@@ -128,11 +195,17 @@ def main() -> None:
     parser.add_argument(
         "--clients",
         type=lambda text: [int(n) for n in text.split(",")],
-        default=[8, 32],
+        default=[32, 128],
         help="concurrent clients for throughput, a comma-separated list (each target's best "
         "is its throughput)",
     )
     parser.add_argument("--seconds", type=float, default=15, help="per throughput run")
+    parser.add_argument(
+        "--client",
+        choices=("lean", "aiohttp"),
+        default="lean",
+        help="the throughput load's HTTP client (lean: a few tens of µs a request)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="gateway web processes")
     parser.add_argument(
         "--pin",
@@ -148,7 +221,8 @@ def main() -> None:
         _seed(engine)
         key = tenant_key("bench-embeddings")
         gateway = bench.start_gateway(workers=args.workers)
-        results = asyncio.run(run(args, bench, engine, gateway, key))
+        # uvloop, as the gateway runs: the load generator's loop costs less of the core too
+        results = uvloop.run(run(args, bench, engine, gateway, key))
     finally:
         bench.stop()
     results["config"] = vars(args)
@@ -161,7 +235,12 @@ def main() -> None:
         print(
             f"  {clients:>3} clients: direct {rates['direct']:7.1f}  gateway "
             f"{rates['gateway']:7.1f} requests/s  ({rates['gateway'] / rates['direct']:.2f}x); "
-            f"web CPU {results['web_cpu_us_per_request_by_clients'][clients]:.0f} µs a request"
+            f"web CPU {results['web_cpu_us_per_request_by_clients'][clients]:.0f} µs a request; "
+            "the load generator's "
+            + " / ".join(
+                f"{v:.0f}"
+                for v in results["load_generator_cpu_us_per_request_by_clients"][clients].values()
+            )
         )
     for name, rate in results["requests_per_second"].items():
         print(f"  {name:<8} {rate:7.1f} requests/s at best")

@@ -1,8 +1,8 @@
-"""ASGI entry point: Channels routes the data plane before Django's HTTP app.
+"""ASGI entry point: Channels' router takes the data plane before Django's HTTP app.
 
-``/v1/*`` is served by async Channels consumers (no sync middleware, no thread hops) but for
-``/v1/files`` and ``/v1/batches``; those and everything else (dashboard, control API, admin)
-are Django's ASGI handler.
+``/v1/*`` is served by plain ASGI apps (``inference.gateway.v1``: no sync middleware, no
+thread hops) but for ``/v1/files`` and ``/v1/batches``; those and everything else
+(dashboard, control API, admin) are Django's ASGI handler.
 """
 
 import os
@@ -18,6 +18,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from batches.asgi import KeyFirst  # noqa: E402
+from controlplane import collector  # noqa: E402
 from controlplane.bodylimit import BoundedBody  # noqa: E402
 from controlplane.metrics import MetricsConsumer  # noqa: E402
 from controlplane.signedin import SignedInFirst  # noqa: E402
@@ -25,9 +26,15 @@ from inference.gateway.routing import http_urlpatterns, websocket_urlpatterns  #
 from moderation.classifier import classifier  # noqa: E402
 from moderation.v1 import ModerationsConsumer  # noqa: E402
 
+
+def _load_classifier() -> None:
+    classifier()
+    collector.freeze()  # the model is kept for the process's life too
+
+
 # The embedded moderation classifier loads in the background (about a second): the first
 # moderated request of this process does not wait for it.
-threading.Thread(target=classifier, name="load-moderation-classifier", daemon=True).start()
+threading.Thread(target=_load_classifier, name="load-moderation-classifier", daemon=True).start()
 
 # Django's app for every request the consumers do not take, bodies bounded first.
 django_bounded: Any = BoundedBody(django_asgi_app)  # type: ignore[arg-type]
@@ -52,3 +59,7 @@ application = ProtocolTypeRouter(
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )
+
+# Everything this process keeps for its life is imported: out of the collector's way from now
+# on (controlplane.collector).
+collector.tune()

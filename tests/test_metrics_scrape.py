@@ -19,6 +19,7 @@ from controlplane.metrics import MetricsConsumer, _render
 from inference.catalog import catalog_publish
 from inference.services import model_ensure, pool_ensure
 from tenants.services import api_key_create
+from tests.asgi import asgi_answer
 from tests.factories import TenantFactory
 
 # channels closes stale database connections around a consumer's handler.
@@ -35,13 +36,8 @@ def _scrape(authorization: str | None) -> dict[str, Any]:
         scope = {"type": "http", "method": "GET", "path": "/metrics", "headers": headers}
         communicator = ApplicationCommunicator(MetricsConsumer.as_asgi(), scope)
         await communicator.send_input({"type": "http.request", "body": b""})
-        start = await communicator.receive_output(timeout=30)
-        body = b""
-        while True:
-            part = await communicator.receive_output(timeout=30)
-            body += part.get("body", b"")
-            if not part.get("more_body"):
-                return {"status": start["status"], "body": body}
+        start, body = await asgi_answer(communicator)
+        return {"status": start["status"], "body": body}
 
     return asyncio.run(scrape())
 

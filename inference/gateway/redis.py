@@ -62,7 +62,11 @@ class _HiredisPacking:
             args = (*args[0].encode().split(), *args[1:])
         elif b" " in args[0]:
             args = (*args[0].split(), *args[1:])
-        args = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError:
+            pass  # hiredis refuses a bytearray (redis-py takes it): never sent on the hot path
+        args = tuple(bytes(a) if isinstance(a, bytearray) else a for a in args)
         try:
             return [hiredis.pack_command(args)]
         except TypeError as error:

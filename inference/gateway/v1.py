@@ -1,6 +1,6 @@
-"""The ``/v1`` endpoints as Channels consumers (routed in ``controlplane.asgi``).
+"""The ``/v1`` endpoints as plain ASGI apps (routed in ``controlplane.asgi``).
 
-HTTP consumers run the response in a task of its own, so that the client leaving (ASGI
+Each runs the response in a task of its own, so that the client leaving (ASGI
 ``http.disconnect``) is noticed at once and cancels it: the engine request is closed (vLLM
 aborts the sequence), the slot and limits are released and the tokens so far are metered.
 """
@@ -10,13 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 import orjson
-from channels.consumer import get_handler_name
-from channels.exceptions import StopConsumer
-from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 from django.db import DatabaseError
 from redis.exceptions import RedisError
@@ -32,6 +29,10 @@ from inference.gateway.headless import embedder
 from inference.gateway.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 JSON = (b"content-type", b"application/json")
 SSE_HEADERS = [
@@ -62,34 +63,40 @@ def sse_error(message: str) -> bytes:
     return b"data: " + orjson.dumps(error) + b"\n\n"
 
 
-class GatewayHttpConsumer(AsyncHttpConsumer):
-    """One ``/v1`` HTTP request. Before it reads a byte of the body it checks the method, the
-    declared size and (``needs_key``) the API key, so an unauthenticated client can make it
-    read nothing; a body that grows past the cap is cut off at the cap. An early answer
-    ends the consumer: the rest of the body is never read."""
+class GatewayHttpConsumer:
+    """One ``/v1`` HTTP request, as a plain ASGI app (``as_asgi``). Before it reads a byte of
+    the body it checks the method, the declared size and (``needs_key``) the API key, so an
+    unauthenticated client can make it read nothing; a body that grows past the cap is cut
+    off at the cap. An early answer ends it: the rest of the body is never read.
+
+    Not a Channels consumer: a request needs no channel layer, nor Channels' dispatch (a task
+    per ``receive``, ``asyncio.wait`` around them, a task cancelled at every answer's end)."""
 
     methods: tuple[str, ...] = ("POST",)
     needs_key = True
-    channel_layer_alias = "__none__"  # request/response only: no channel layer round trips
     endpoint = "other"  # the metrics' endpoint label
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.size = 0
+    def __init__(self, scope: Scope, send: Send) -> None:
+        self.scope = scope
+        self.base_send = send  # the server's own
         self.key: KeyInfo | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.rid = ""
+        # The request's id, on every line logged for it and on its answer, error or not.
+        self.rid = request_id_new()
         # The request ran (a call was made): it is metered and counted when it settles, so
         # an error it then answers is not counted again as a refusal.
         self.ran = False
+        self.started = False  # the answer's status and headers are sent
+        self.answered = False  # and its last byte
+        # A stream's last event when it fails after it began (its status is sent): set by
+        # the stream, in its own protocol's shape.
+        self.failure_event: Callable[[ApiError], bytes] | None = None
 
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        # Channels closes stale DB connections (a thread hop) before every message; this
-        # path touches no database, so skip it.
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+    @classmethod
+    def as_asgi(cls) -> Any:  # an ASGI app, which Django's path() types as a view
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            await cls(scope, send).serve(receive)
+
+        return app
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.scope["headers"]:
@@ -135,44 +142,42 @@ class GatewayHttpConsumer(AsyncHttpConsumer):
                 return overloaded(1, "The service is briefly unavailable. Retry in a moment.")
         return None
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def serve(self, receive: Receive) -> None:
         # Before the first receive: the server hands the app no message until body bytes
         # arrive, and a client that announces a body need not send any.
-        self.scope, self.base_send = scope, send
-        # The request's id, on every line logged for it and on its answer, error or not.
-        self.rid = request_id_new()
         early = await self.check_before_body()
         if early is not None:
             await self.send_error(early)
             return
-        await super().__call__(scope, receive, send)
-
-    async def answer_early(self, error: ApiError) -> None:
-        await self.send_error(error)
-        raise StopConsumer()
-
-    async def http_request(self, message: dict[str, Any]) -> None:
-        if self.task is not None:
-            return
-        chunk = message.get("body", b"")
-        self.size += len(chunk)
-        if self.size > self.max_body():
-            await self.answer_early(self.too_large())
-        self.body.append(chunk)
-        if not message.get("more_body"):
-            self.task = asyncio.create_task(self.respond(b"".join(self.body)))
-
-    async def http_disconnect(self, message: dict[str, Any]) -> None:
-        if self.task is not None and not self.task.done():
-            self.task.cancel()  # the client left mid-response
-        if self.task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        raise StopConsumer()
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # http.disconnect: the client left
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body():
+                await self.send_error(self.too_large())
+                return
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        # The response in a task of its own, so that the client leaving is noticed at once:
+        # after the body, ``receive`` answers ``http.disconnect`` when the client leaves, or
+        # once the answer is complete (ASGI), whichever is first.
+        task = asyncio.create_task(self.respond(b"".join(chunks)))
+        await receive()
+        if not self.answered:
+            task.cancel()  # the client left mid-response
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def respond(self, body: bytes) -> None:
         try:
             await self.handle_request(body)
+            if not self.answered:
+                raise RuntimeError(f"{type(self).__name__} ended without finishing its answer")
         except ApiError as error:
             await self.send_error(error)
         except asyncio.CancelledError:
@@ -195,6 +200,12 @@ class GatewayHttpConsumer(AsyncHttpConsumer):
             )
 
     async def send_error(self, error: ApiError, extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        if self.started:  # too late for an error's status: the stream says it, and ends
+            log.warning("%s: %s after the answer began", self.scope["path"], error.message)
+            if not self.answered:
+                failed = self.failure_event
+                await self.send_body(failed(error) if failed is not None else b"")
+            return
         if not self.ran:
             metrics.request_refused(
                 error,
@@ -204,6 +215,15 @@ class GatewayHttpConsumer(AsyncHttpConsumer):
         headers = [JSON, *extra, *((k.encode(), v.encode()) for k, v in error.headers.items())]
         await self.send_response(error.status, error.json(), headers=headers)
 
+    async def send_response(
+        self, status: int, body: bytes, *, headers: Sequence[tuple[bytes, bytes]] = ()
+    ) -> None:
+        """A whole answer, its size declared: Channels' own sends it without
+        ``content-length``, so the server frames it chunked and every client parses chunks."""
+        size = (b"content-length", str(len(body)).encode())
+        await self.send_headers(status=status, headers=[*headers, size])
+        await self.send_body(body)
+
     async def send_headers(
         self, *, status: int = 200, headers: Sequence[tuple[bytes, bytes]] | None = None
     ) -> None:
@@ -211,7 +231,13 @@ class GatewayHttpConsumer(AsyncHttpConsumer):
         headers = list(headers or ())
         if self.rid and not any(name == b"x-request-id" for name, _ in headers):
             headers.append((b"x-request-id", self.rid.encode()))
-        await super().send_headers(status=status, headers=headers)
+        self.started = True
+        await self.base_send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def send_body(self, body: bytes, *, more_body: bool = False) -> None:
+        if not more_body:
+            self.answered = True
+        await self.base_send({"type": "http.response.body", "body": body, "more_body": more_body})
 
     async def handle_request(self, body: bytes) -> None:
         raise NotImplementedError
@@ -245,7 +271,8 @@ class CompletionConsumer(GatewayHttpConsumer):
 
     async def stream(self, life: Lifecycle) -> None:
         await self.send_headers(status=200, headers=[*SSE_HEADERS, *life.call.headers])
-        send = self.base_send  # the server's own: Channels' send() only calls it
+        self.failure_event = lambda error: sse_error(error.message) + SSE_DONE
+        send = self.base_send
         written = 0
         try:
             async for batch in life:

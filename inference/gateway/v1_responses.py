@@ -150,7 +150,10 @@ class ResponsesConsumer(GatewayHttpConsumer):
                 await self.send_error(responses_in.renamed(refused), life.call.headers)
                 return
             await self.send_headers(status=200, headers=[*SSE_HEADERS, *life.call.headers])
-            send = self.base_send  # the server's own: Channels' send() only calls it
+            self.failure_event = lambda error: _sse(
+                [events.event("error", code=error.code, message=error.message, param=None)]
+            )
+            send = self.base_send
             await self.send_body(_sse(events.begin()), more_body=True)
             written = 0
             try:
