@@ -167,11 +167,13 @@ class GatewayHttpConsumer:
         # after the body, ``receive`` answers ``http.disconnect`` when the client leaves, or
         # once the answer is complete (ASGI), whichever is first.
         task = asyncio.create_task(self.respond(b"".join(chunks)))
-        await receive()
-        if not self.answered:
-            task.cancel()  # the client left mid-response
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        try:
+            await receive()
+        finally:  # also when the server cancels this (its shutdown): the task goes with it
+            if not self.answered:
+                task.cancel()  # the client left mid-response
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def respond(self, body: bytes) -> None:
         try:
@@ -218,8 +220,8 @@ class GatewayHttpConsumer:
     async def send_response(
         self, status: int, body: bytes, *, headers: Sequence[tuple[bytes, bytes]] = ()
     ) -> None:
-        """A whole answer, its size declared: Channels' own sends it without
-        ``content-length``, so the server frames it chunked and every client parses chunks."""
+        """A whole answer, its size declared (``content-length``): not framed in chunks that
+        every client would parse."""
         size = (b"content-length", str(len(body)).encode())
         await self.send_headers(status=status, headers=[*headers, size])
         await self.send_body(body)
