@@ -242,9 +242,11 @@ def main() -> None:
             f"{rates['gateway']:7.1f} requests/s  ({rates['gateway'] / rates['direct']:.2f}x); "
             f"web CPU {results['web_cpu_us_per_request_by_clients'][clients]:.0f} µs a request; "
             "the load generator's "
-            + " / ".join(
-                f"{v:.0f}"
-                for v in results["load_generator_cpu_us_per_request_by_clients"][clients].values()
+            + ", ".join(
+                f"{v:.0f} µs ({name})"
+                for name, v in results["load_generator_cpu_us_per_request_by_clients"][
+                    clients
+                ].items()
             )
         )
     for name, rate in results["requests_per_second"].items():
