@@ -61,6 +61,7 @@ class _Choice:
     parts: list[tuple[int, dict[str, str]]] = field(default_factory=list)
     tokens: int = 0
     checked: int = 0  # tokens checked so far
+    ruled: int = 0  # async mode: the (bound on the) count the rules last read up to
     held: deque[tuple[int, Chunk]] = field(default_factory=deque)  # (tokens up to it, chunk)
 
     def window(self, size: int, overlap: int) -> str:
@@ -240,6 +241,23 @@ class Guarded:
                     return Screened(release, cut)
             elif finished and self.hold:
                 self._release(state, state.tokens, release)
+            elif (
+                not self.hold
+                and texts
+                and state.tokens - max(state.checked, state.ruled) >= self.step
+            ):
+                # Async mode, inside a batch (a reader behind the engine takes many chunks
+                # at once): the rules read what came since the last window before this
+                # chunk goes out, so the cut still comes within a window of a deny term.
+                # The count here is a bound from above, so no window ends (``checked``
+                # stays): the next one reads all of this again with its edge.
+                state.ruled = state.tokens
+                text = state.window(self.window, self.overlap)
+                cut = await self._verdict(index, text, self.cascade.check_rules([text])[0])
+                if cut is None:
+                    cut = await self._collect(release, wait=False)
+                if cut is not None:
+                    return Screened(release, cut)
             if not held:
                 release.append(chunk)
         return Screened(release, await self._collect(release, wait=False))

@@ -285,6 +285,22 @@ def test_a_phrase_before_a_merged_delta_in_one_batch_is_read_whole(
         assert "secret" not in delivered
 
 
+def test_async_mode_cuts_within_a_window_inside_one_long_batch() -> None:
+    """A reader behind the engine takes many one-token chunks in one batch: in async mode
+    the cut still comes within a window of the banned word (before, the rules read only the
+    batch's last chunk: everything before it went out, a fresh-clone CI run got 12 tokens
+    past the word with a window of 8)."""
+    words = [f" w{i}" for i in range(30)]
+    at = 10
+    words[at] = " secret"
+    guard = _guard(mode="async")
+    delivered = asyncio.run(_batches(guard, [(30, [_chat({"content": w}) for w in words])]))
+    assert delivered.startswith("CUT:")
+    shown = delivered.removeprefix("CUT:")
+    assert "".join(words).startswith(shown)
+    assert len(shown.split()) - at <= guard.window
+
+
 def test_a_delta_merged_from_many_steps_is_read_with_the_edge_before_it() -> None:
     """A loaded engine merges the deltas a slow reader has not taken: one chunk can carry
     more tokens than a window moves on by. Its check reads back to the last check's overlap,
