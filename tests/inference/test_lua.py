@@ -4,8 +4,12 @@ loading them and running again exactly what failed — never a command twice."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 import redis
+from django.conf import settings
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
@@ -14,6 +18,7 @@ from inference.gateway.admission import scripts as admission
 from inference.gateway.lua import LUA_DIR, Batch, Script
 from inference.gateway.redis import _HiredisPacking, redis_async
 from inference.services import probes
+from tests.conftest import state_redis_use
 
 
 def test_every_script_file_is_used_and_has_the_shared_clock() -> None:
@@ -98,3 +103,62 @@ def test_the_redis_py_that_sent_once_was_read_against_is_the_one_installed() -> 
     retry, run the dead-node tests (``tests/inference/test_cluster.py``, make test's cluster
     group), then move this pin with pyproject.toml's and the lock file's."""
     assert redis.__version__ == "8.1.0", "re-read inference.gateway.redis._SentOnce first"
+
+
+async def test_the_batches_of_one_turn_share_a_round_trip_each_with_its_own_results(
+    private_redis: tuple[str, Any],
+) -> None:
+    """Every batch executed in one turn of the event loop goes out in one pipeline on the
+    next (``lua._Pipelining``): one read for Redis however many requests settle together,
+    and each batch still gets its own results, and its own errors only. On a Redis of the
+    test's own, so that its count of reads is this test's alone."""
+    url, _ = private_redis
+    plain = settings.STATE_REDIS_URL
+    state_redis_use(url)
+    try:
+        server = redis.Redis.from_url(url)
+        server.set("lua-test-text", "not a number")
+        await redis_async().ping()  # connected before counting
+        reads = server.info("stats")["total_reads_processed"]
+
+        async def one(i: int) -> list[Any]:
+            batch = Batch()
+            batch.incrby(f"lua-test-{i}", i)
+            if i == 3:
+                batch.incr("lua-test-text")  # fails: this batch's own error
+            batch.incr(f"lua-test-{i}")
+            return await batch.execute(raise_errors=False)
+
+        results = await asyncio.gather(*(one(i) for i in range(20)))
+        # Twenty pipelines of their own were twenty reads (and twenty connections).
+        assert server.info("stats")["total_reads_processed"] - reads <= 3
+        # A batch that cannot be written (an argument Redis has no type for) fails alone.
+        unwritable = Batch()
+        unwritable.set("lua-test-unwritable", {"a": 1})
+        written = Batch()
+        written.incr("lua-test-written")
+        outcomes = await asyncio.gather(
+            unwritable.execute(), written.execute(), return_exceptions=True
+        )
+        assert isinstance(outcomes[0], DataError) and outcomes[1] == [1]
+    finally:
+        state_redis_use(plain)
+    for i, result in enumerate(results):
+        if i == 3:
+            assert result[0] == 3 and isinstance(result[1], redis.ResponseError)
+            assert result[2] == 4
+        else:
+            assert result == [i, i + 1]
+    with pytest.raises(redis.ResponseError):  # raised to the batch it belongs to
+        await _failing_batch(url)
+
+
+async def _failing_batch(url: str) -> None:
+    plain = settings.STATE_REDIS_URL
+    state_redis_use(url)
+    try:
+        batch = Batch()
+        batch.incr("lua-test-text")
+        await batch.execute()
+    finally:
+        state_redis_use(plain)
