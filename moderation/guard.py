@@ -61,7 +61,7 @@ class _Choice:
     parts: list[tuple[int, dict[str, str]]] = field(default_factory=list)
     tokens: int = 0
     checked: int = 0  # tokens checked so far
-    ruled: int = 0  # async mode: the (bound on the) count the rules last read up to
+    ruled: int = 0  # async mode: the least the count can have been where the rules last read
     held: deque[tuple[int, Chunk]] = field(default_factory=deque)  # (tokens up to it, chunk)
 
     def window(self, size: int, overlap: int) -> str:
@@ -204,6 +204,9 @@ class Guarded:
         after: Counter[int] = Counter(
             int(chunk["choices"][0].get("index") or 0) for chunk, texts in shown if texts
         )
+        # Each choice's count at its chunks in this batch, from below: one token a chunk
+        # past the count it had before the batch (exact: the last batch's end).
+        least: dict[int, int] = {}
         for chunk, texts in shown:
             choices = chunk.get("choices")
             if not choices:
@@ -220,6 +223,7 @@ class Guarded:
             if state is None:
                 state = self.choices[index] = _Choice()
             if texts:
+                least[index] = least.get(index, state.tokens) + 1
                 after[index] -= 1
                 state.tokens = max(state.tokens + 1, self.tokens.get(index, 0) - after[index])
                 state.parts.append((state.tokens, texts))
@@ -250,8 +254,10 @@ class Guarded:
                 # at once): the rules read what came since the last window before this
                 # chunk goes out, so the cut still comes within a window of a deny term.
                 # The count here is a bound from above, so no window ends (``checked``
-                # stays): the next one reads all of this again with its edge.
-                state.ruled = state.tokens
+                # stays): the next one reads all of this again with its edge. Measured from
+                # the least the count was at the last read, chunks that carry many tokens
+                # are each read (the bounds are far apart), one-token chunks every step.
+                state.ruled = least[index]
                 text = state.window(self.window, self.overlap)
                 cut = await self._verdict(index, text, self.cascade.check_rules([text])[0])
                 if cut is None:

@@ -12,18 +12,22 @@ them and replays exactly the commands that failed — so no caller keeps a secon
 work for that case. On a Redis Cluster a batch's commands go to the nodes of their slots at
 once (one round trip each, side by side); a script's keys are all in one slot.
 
-Batches are pipelined together (``_Pipelining``): every batch executed during one turn of the
-event loop goes out in one pipeline on the next turn, each batch's commands together and in
-order, and each gets its own results back. Under load many requests reach the same step in
-one turn (an engine answers several at once): one write and one read for all of them, in the
-web process and in Redis (bench/RESULTS.md, the embeddings section: a quarter less CPU per
-request in the web process, a third less in Redis).
+On one Redis, batches are pipelined together (``_Pipelining``): every batch executed during
+one turn of the event loop goes out in one pipeline on the next turn, each batch's commands
+together and in order, and each gets its own results back. Under load many requests reach the
+same step in one turn (an engine answers several at once): one write and one read for all of
+them, in the web process and in Redis (bench/RESULTS.md, the embeddings section: a quarter
+less CPU per request in the web process, a third less in Redis). On a cluster each batch
+keeps a pipeline of its own: a node that fails there fails the pipeline it was in, and
+another request's batch must not go down with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from functools import cache
 from pathlib import Path
@@ -100,20 +104,17 @@ class _Pipelining:
             return
         try:
             results = await _pipeline([op for ops, _ in waiting for op in ops])
-        except Exception as exc:
+        except DataError:
             # A command that cannot be written (an argument Redis has no type for: a bug, as
-            # every argument is ours) stops one Redis's pipeline before anything is sent: its
-            # own batch's failure, not the others', so each goes on alone. (A cluster's nodes
-            # are written side by side: there the others' parts may have run.) Otherwise the
-            # connection failed, and every batch in it alike.
-            unwritable = isinstance(exc, (DataError, TypeError, ValueError))
-            if unwritable and len(waiting) > 1 and not isinstance(redis_async(), RedisCluster):
-                for ops, future in waiting:
-                    await self._alone(ops, future)
-                return
-            for _, future in waiting:
+            # every argument is ours) stops the pipeline as it is queued or packed, before
+            # anything is sent: its own batch's failure, not the others', so each goes alone.
+            for ops, future in waiting:
                 if not future.done():
-                    future.set_exception(exc)
+                    await self._alone(ops, future)
+            return
+        except Exception as exc:  # the connection: every batch in it failed alike
+            for _, future in waiting:
+                _fail(future, exc)
             return
         at = 0
         for ops, future in waiting:
@@ -126,11 +127,23 @@ class _Pipelining:
         try:
             results = await _pipeline(ops)
         except Exception as exc:
-            if not future.done():
-                future.set_exception(exc)
+            _fail(future, exc)
         else:
             if not future.done():
                 future.set_result(results)
+
+
+def _fail(future: asyncio.Future[list[Any]], exc: Exception) -> None:
+    """``exc`` to one batch's caller, as an exception of its own (each raise adds its
+    frames to the exception's traceback: a shared one would mix the requests')."""
+    if future.done():
+        return
+    try:
+        own = copy.copy(exc)
+    except Exception:  # an exception that cannot be copied is shared
+        own = exc
+    own.__cause__ = exc.__cause__
+    future.set_exception(own)
 
 
 async def _pipeline(ops: list[Op]) -> list[Any]:
@@ -144,7 +157,9 @@ async def _pipeline(ops: list[Op]) -> list[Any]:
     return results
 
 
-_pipelining: dict[asyncio.AbstractEventLoop, _Pipelining] = {}
+_pipelining: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pipelining] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _pipelining_here() -> _Pipelining:
@@ -187,7 +202,10 @@ class Batch:
         return queue
 
     async def _send(self, indexes: list[int]) -> list[Any]:
-        return await _pipelining_here().send([self.ops[i] for i in indexes])
+        ops = [self.ops[i] for i in indexes]
+        if isinstance(redis_async(), RedisCluster):
+            return await _pipeline(ops)
+        return await _pipelining_here().send(ops)
 
     async def execute(self, *, raise_errors: bool = True) -> list[Any]:
         """Every command's result, in order; the first error raised (after the ``then``

@@ -64,12 +64,12 @@ class _HiredisPacking:
             args = (*args[0].split(), *args[1:])
         try:
             return [hiredis.pack_command(args)]
-        except TypeError:
+        except (TypeError, ValueError):
             pass  # hiredis refuses a bytearray (redis-py takes it): never sent on the hot path
         args = tuple(bytes(a) if isinstance(a, bytearray) else a for a in args)
         try:
             return [hiredis.pack_command(args)]
-        except TypeError as error:
+        except (TypeError, ValueError) as error:  # (a str that is not UTF-8, say)
             raise DataError(str(error)) from error
 
 

@@ -104,8 +104,9 @@ async def finish(call: Call, *, cancelled: bool = False) -> None:
 
 
 async def _keep(ticket: cache.Ticket) -> None:
-    """The answer into the tenant's response cache: a round trip of its own, after the
-    call's, so that a cache Redis cannot take (full, say) never touches the settling."""
+    """The answer into the tenant's response cache: a batch of its own, after the call's,
+    so that a cache Redis cannot take (full, say) never touches the settling (each batch has
+    its own results, even in a pipeline shared with others: ``lua.Batch``)."""
     try:
         pipe = Batch()
         cache.store_into(pipe, ticket)

@@ -132,15 +132,27 @@ async def test_the_batches_of_one_turn_share_a_round_trip_each_with_its_own_resu
         results = await asyncio.gather(*(one(i) for i in range(20)))
         # Twenty pipelines of their own were twenty reads (and twenty connections).
         assert server.info("stats")["total_reads_processed"] - reads <= 3
-        # A batch that cannot be written (an argument Redis has no type for) fails alone.
-        unwritable = Batch()
+        # A batch that cannot be written (an argument Redis has no type for, a str that is
+        # not UTF-8) fails alone.
+        unwritable, not_text, written = Batch(), Batch(), Batch()
         unwritable.set("lua-test-unwritable", {"a": 1})
-        written = Batch()
+        not_text.set("lua-test-unwritable", "\ud800")
         written.incr("lua-test-written")
         outcomes = await asyncio.gather(
-            unwritable.execute(), written.execute(), return_exceptions=True
+            unwritable.execute(), not_text.execute(), written.execute(), return_exceptions=True
         )
-        assert isinstance(outcomes[0], DataError) and outcomes[1] == [1]
+        assert isinstance(outcomes[0], DataError) and isinstance(outcomes[1], DataError)
+        assert outcomes[2] == [1]
+        # A batch whose caller is cancelled before its turn is never sent.
+        cancelled = Batch()
+        cancelled.incr("lua-test-cancelled")
+        task = asyncio.ensure_future(cancelled.execute())
+        await asyncio.sleep(0)  # it has queued itself for the next turn
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await written.execute()  # a turn later
+        assert server.get("lua-test-cancelled") is None
+        assert server.get("lua-test-written") == b"2"
     finally:
         state_redis_use(plain)
     for i, result in enumerate(results):

@@ -299,6 +299,14 @@ def test_async_mode_cuts_within_a_window_inside_one_long_batch() -> None:
     shown = delivered.removeprefix("CUT:")
     assert "".join(words).startswith(shown)
     assert len(shown.split()) - at <= guard.window
+    # Chunks of four tokens each (merged deltas), the word in the second: the counts within
+    # the batch are bounds, so each such chunk is read before it goes out (before, the
+    # bound rose by one a chunk: three chunks, twelve tokens, went out unread).
+    chunks = [" a b c d", " e secret f g", " h i j k", " l m n o", " p q r s", " t u v w"]
+    guard = _guard(mode="async")
+    delivered = asyncio.run(_batches(guard, [(24, [_chat({"content": c}) for c in chunks])]))
+    assert delivered.startswith("CUT:")
+    assert delivered.removeprefix("CUT:") == chunks[0]
 
 
 def test_a_delta_merged_from_many_steps_is_read_with_the_edge_before_it() -> None:
