@@ -16,9 +16,16 @@ aiohttp's (several times the CPU a request: bench/RESULTS.md): with
 the gateway alone (the engine's core is not touched by it). ``--client aiohttp`` keeps the old
 one, to compare.
 
+``--floor`` adds two targets where the gateway runs (its core, with ``--pin``), each a
+pass-through with none of the gateway's work: ``relay`` (``bench.floor_relay``: the gateway's
+server and HTTP client, uvicorn and aiohttp, the same number of processes) and ``proxy``
+(``bench.floor_proxy``: bytes passed on, the least any proxy costs the engine's throughput on
+this machine; ``--floor-burn-us N``: one spending N µs of CPU on each request).
+
 Goal: the gateway's throughput >= 0.9x the engine's, and <= 2 ms added at p50.
 
     .venv/bin/python -m bench.embeddings [--samples 200] [--clients 32,128] [--seconds 15]
+        [--pin] [--floor [--floor-burn-us N]]
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ from urllib.parse import urlsplit
 import aiohttp
 import uvloop
 
+from bench.floor_proxy import read_message
 from bench.harness import ROOT, Bench, django_setup, percentile, tenant_key
+from bench.peers import start_floor
 from devkit.engines import EMBED_ENGINE_ARGS
 
 TEXT = "the pool serves many tenants"
@@ -94,15 +103,10 @@ class Connection:
 
     async def send(self, request: bytes) -> None:
         self.writer.write(request)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status = int(head[9:12])
-        length = None
-        for line in head.lower().split(b"\r\n"):
-            if line.startswith(b"content-length:"):
-                length = int(line[15:])
+        head, _, length = await read_message(self.reader)
         if length is None:  # both the gateway and the engine declare their answers' size
             raise RuntimeError("an answer without content-length")
-        await self.reader.readexactly(length)
+        status = int(head[9:12])
         if status != 200:
             raise RuntimeError(f"HTTP {status}")
 
@@ -138,7 +142,12 @@ async def _throughput(
 
 
 async def run(
-    args: argparse.Namespace, bench: Bench, engine: str, gateway: str, key: str
+    args: argparse.Namespace,
+    bench: Bench,
+    engine: str,
+    gateway: str,
+    key: str,
+    floors: dict[str, str],
 ) -> dict[str, Any]:
     body = {"input": TEXT, "encoding_format": "float"}
     targets: dict[str, Target] = {
@@ -149,6 +158,8 @@ async def run(
             {**body, "model": "tiny-embed"},
         ),
     }
+    for name, url in floors.items():  # pass-through proxies where the gateway runs
+        targets[name] = (f"{url}/v1/embeddings", {}, {**body, "model": "tiny-chat"})
     latency: dict[str, list[float]] = {name: [] for name in targets}
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -164,19 +175,25 @@ async def run(
                 latency[name].append(await _one(session, targets[name]))
         by_clients: dict[int, dict[str, float]] = {}
         cpu_per_request: dict[int, float] = {}
+        floor_cpu: dict[int, dict[str, float]] = {}
+        # the processes each proxy target runs in (its CPU a request is printed)
+        process = {"gateway": "web", "relay": "floor-relay", "proxy": "floor-proxy"}
         load_cpu: dict[int, dict[str, float]] = {}
         for clients in args.clients:
             by_clients[clients] = {}
             for name, target in targets.items():
-                cpu, own = bench.web_cpu_seconds(), os.times()
+                cpu, own = bench.web_cpu_seconds(process.get(name, "web")), os.times()
                 rate, done = await _throughput(
                     session, target, clients, args.seconds, lean=args.client == "lean"
                 )
                 by_clients[clients][name] = rate
                 spent = sum(os.times()[:2]) - sum(own[:2])
                 load_cpu.setdefault(clients, {})[name] = spent / max(1, done) * 1e6
+                used = (bench.web_cpu_seconds(process.get(name, "web")) - cpu) / max(1, done)
                 if name == "gateway":
-                    cpu_per_request[clients] = (bench.web_cpu_seconds() - cpu) / max(1, done) * 1e6
+                    cpu_per_request[clients] = used * 1e6
+                elif name in floors:
+                    floor_cpu.setdefault(clients, {})[name] = used * 1e6
     rates = {name: max(r[name] for r in by_clients.values()) for name in targets}
     return {
         "latency_ms": {
@@ -187,6 +204,8 @@ async def run(
         "requests_per_second_by_clients": by_clients,
         "added_p50_ms": percentile(latency["gateway"], 50) - percentile(latency["direct"], 50),
         "throughput_ratio": rates["gateway"] / rates["direct"],
+        "floor_ratios": {name: rates[name] / rates["direct"] for name in floors},
+        "floor_cpu_us_per_request_by_clients": floor_cpu,
         "web_cpu_us_per_request_by_clients": cpu_per_request,
         "load_generator_cpu_us_per_request_by_clients": load_cpu,
     }
@@ -213,6 +232,19 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=2, help="gateway web processes")
     parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="two more targets where the gateway runs: relay (bench.floor_relay: the "
+        "gateway's server and HTTP client, nothing else) and proxy (bench.floor_proxy: "
+        "bytes passed on, the least any proxy costs the engine's throughput here)",
+    )
+    parser.add_argument(
+        "--floor-burn-us",
+        type=float,
+        default=0,
+        help="with --floor: CPU the proxy target spends on each request (a proxy doing that much)",
+    )
+    parser.add_argument(
         "--pin",
         action="store_true",
         help="the engine alone on CPU 0, the gateway and the clients on CPU 1 (as in "
@@ -226,8 +258,15 @@ def main() -> None:
         _seed(engine)
         key = tenant_key("bench-embeddings")
         gateway = bench.start_gateway(workers=args.workers)
+        floors = {}
+        if args.floor:
+            relay, floors["relay"] = start_floor(
+                engine, workers=args.workers, cpus=bench.gateway_cpus
+            )
+            bench.processes["floor-relay"] = relay
+            floors["proxy"] = bench.start_floor_proxy(engine, burn_us=args.floor_burn_us)
         # uvloop, as the gateway runs: the load generator's loop costs less of the core too
-        results = uvloop.run(run(args, bench, engine, gateway, key))
+        results = uvloop.run(run(args, bench, engine, gateway, key, floors))
     finally:
         bench.stop()
     results["config"] = vars(args)
@@ -240,7 +279,13 @@ def main() -> None:
         print(
             f"  {clients:>3} clients: direct {rates['direct']:7.1f}  gateway "
             f"{rates['gateway']:7.1f} requests/s  ({rates['gateway'] / rates['direct']:.2f}x); "
-            f"web CPU {results['web_cpu_us_per_request_by_clients'][clients]:.0f} µs a request; "
+            + "".join(
+                f"{name} {rates[name]:7.1f} ({rates[name] / rates['direct']:.2f}x, "
+                f"{results['floor_cpu_us_per_request_by_clients'][clients][name]:.0f} µs a "
+                "request); "
+                for name in results["floor_ratios"]
+            )
+            + f"web CPU {results['web_cpu_us_per_request_by_clients'][clients]:.0f} µs a request; "
             "the load generator's "
             + ", ".join(
                 f"{v:.0f} µs ({name})"
@@ -254,6 +299,7 @@ def main() -> None:
     print(
         f"added at p50: {results['added_p50_ms']:.2f} ms (goal <= 2); gateway/engine "
         f"throughput {results['throughput_ratio']:.2f} (goal >= 0.9)"
+        + "".join(f"; {name} {ratio:.2f}" for name, ratio in results["floor_ratios"].items())
     )
     print(f"results: {out.relative_to(ROOT)}")
 

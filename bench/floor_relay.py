@@ -1,4 +1,5 @@
-"""The floor of a streaming relay in Python, for ``bench.overhead --floor``: an ASGI app under
+"""The floor of a streaming relay in Python, for ``bench.overhead --floor`` (and
+``bench.embeddings --floor``, whose whole answers it passes whole): an ASGI app under
 the gateway's own server (uvicorn, the same workers) that passes a request's body to the
 engine and the engine's SSE bytes back as they are read, with the gateway's HTTP client
 (aiohttp) and nothing else: no key, no limits, no admission, no parsing, no metering.
@@ -32,6 +33,19 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     url = os.environ["ENGINE_URL"] + scope["path"]
     headers = {"content-type": "application/json"}
     async with _session.post(url, data=body, headers=headers) as response:
+        if response.content_length is not None:  # a whole answer (embeddings): passed whole
+            data = await response.read()
+            kind = response.headers.get("content-type", "application/json").encode()
+            size = str(len(data)).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status,
+                    "headers": [(b"content-type", kind), (b"content-length", size)],
+                }
+            )
+            await send({"type": "http.response.body", "body": data})
+            return
         await send(
             {
                 "type": "http.response.start",

@@ -90,6 +90,11 @@ class Bench:
     # (the production shape: the gateway never runs on the engine's cores).
     pin: bool = False
 
+    @property
+    def gateway_cpus(self) -> str:
+        """Where the gateway (and what stands in its place) runs: CPU 1 when pinned."""
+        return "1" if self.pin else ""
+
     def start_engine(self, *extra: str, core: int | None = None) -> str:
         """``core``: the engine alone on that CPU, its OpenMP thread bound to it (two engines
         on two cores, each on its own, as on machines of their own)."""
@@ -157,7 +162,7 @@ class Bench:
         processes on the batch queue too (as the Procfile's worker-batch)."""
         port = free_port()
         env = {"DATABASE_URL": DB_URL, "REDIS_URL": REDIS_URL, **(env or {})}
-        cpus = "1" if self.pin else ""
+        cpus = self.gateway_cpus
         py = [sys.executable, "-m"]
         self.stop_gateway()
         web = [str(ROOT / "scripts" / "web.sh"), "--port", str(port)]  # as `make run` does
@@ -184,6 +189,19 @@ class Bench:
         self.gateway_url = f"http://127.0.0.1:{port}"
         _wait_http(f"{self.gateway_url}/healthz", 60, self.processes["web"], f"web-{port}")
         return self.gateway_url
+
+    def start_floor_proxy(self, engine_url: str, *, burn_us: float = 0) -> str:
+        """``bench.floor_proxy`` in front of ``engine_url``, where the gateway runs (its core
+        when pinned): what any proxy there costs, apart from the gateway's own work."""
+        port = free_port()
+        host, engine_port = engine_url.removeprefix("http://").rsplit(":", 1)
+        command = [sys.executable, "-m", "bench.floor_proxy", host, engine_port, str(port)]
+        command += ["--burn-us", str(burn_us)]
+        process = _spawn(f"floor-proxy-{port}", command, cpus=self.gateway_cpus)
+        self.processes["floor-proxy"] = process
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{url}/health", 30, process, f"floor-proxy-{port}")
+        return url
 
     def stop_gateway(self) -> None:
         for name in ("web", "worker", "worker-batch", "beat", "drains"):

@@ -80,13 +80,16 @@ def _wait_ready(
     sys.exit(f"{name} not ready after 120 s; see {LOGS / f'{name}.log'}")
 
 
-def start_floor(engine_url: str, *, workers: int) -> tuple[subprocess.Popen[bytes], str]:
-    """``bench.floor_relay`` under uvicorn with ``workers`` processes, as the gateway runs."""
+def start_floor(
+    engine_url: str, *, workers: int, cpus: str = ""
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``bench.floor_relay`` under uvicorn with ``workers`` processes, as the gateway runs
+    (``cpus``: pinned where the gateway is)."""
     port = free_port()
     command = [str(Path(sys.executable).parent / "uvicorn"), "bench.floor_relay:app"]
     command += ["--port", str(port), "--workers", str(workers), "--no-access-log"]
     command += ["--lifespan", "off"]
-    process = _spawn(f"floor-{port}", command, {"ENGINE_URL": engine_url})
+    process = _spawn(f"floor-{port}", command, {"ENGINE_URL": engine_url}, cpus=cpus)
     url = f"http://127.0.0.1:{port}"
     _wait_ready(process, f"{url}/health", f"floor-{port}", ok=(200, 404, 405))
     return process, url
