@@ -62,6 +62,7 @@ class _Choice:
     tokens: int = 0
     checked: int = 0  # tokens checked so far
     ruled: int = 0  # async mode: the least the count can have been where the rules last read
+    read: int = 0  # parts the rules have read (a window, or a read inside a batch)
     held: deque[tuple[int, Chunk]] = field(default_factory=deque)  # (tokens up to it, chunk)
 
     def window(self, size: int, overlap: int) -> str:
@@ -75,8 +76,16 @@ class _Choice:
         i = len(self.parts)
         while i > 0 and self.parts[i - 1][0] > start:
             i -= 1
+        return self._joined(i)
+
+    def unread(self, overlap: int) -> str:
+        """The texts since the rules last read, and the ``overlap`` parts before (each is a
+        token at least: a phrase across the edge is read whole)."""
+        return self._joined(max(0, self.read - overlap))
+
+    def _joined(self, first: int) -> str:
         streams: dict[str, list[str]] = {}
-        for _, texts in self.parts[i:]:
+        for _, texts in self.parts[first:]:
             for stream, text in texts.items():
                 streams.setdefault(stream, []).append(text)
         return "\n".join("".join(texts) for texts in streams.values())
@@ -256,9 +265,12 @@ class Guarded:
                 # The count here is a bound from above, so no window ends (``checked``
                 # stays): the next one reads all of this again with its edge. Measured from
                 # the least the count was at the last read, chunks that carry many tokens
-                # are each read (the bounds are far apart), one-token chunks every step.
+                # are each read (the bounds are far apart), one-token chunks every step;
+                # each read takes only what is new since the last, with its edge (however
+                # long the batch, its text is read about once).
                 state.ruled = least[index]
-                text = state.window(self.window, self.overlap)
+                text = state.unread(self.overlap)
+                state.read = len(state.parts)
                 cut = await self._verdict(index, text, self.cascade.check_rules([text])[0])
                 if cut is None:
                     cut = await self._collect(release, wait=False)
@@ -310,6 +322,7 @@ class Guarded:
         end = state.tokens
         text = state.window(self.window, self.overlap)
         state.checked = end
+        state.read = len(state.parts)
         if self.hold:
             checked = time.perf_counter()
             found = (await self.cascade.assess([text], use=self.use))[0]

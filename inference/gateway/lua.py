@@ -142,7 +142,8 @@ def _fail(future: asyncio.Future[list[Any]], exc: Exception) -> None:
         own = copy.copy(exc)
     except Exception:  # an exception that cannot be copied is shared
         own = exc
-    own.__cause__ = exc.__cause__
+    own.__cause__, own.__context__ = exc.__cause__, exc.__context__
+    own.__suppress_context__ = exc.__suppress_context__
     future.set_exception(own)
 
 

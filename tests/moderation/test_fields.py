@@ -307,6 +307,12 @@ def test_async_mode_cuts_within_a_window_inside_one_long_batch() -> None:
     delivered = asyncio.run(_batches(guard, [(24, [_chat({"content": c}) for c in chunks])]))
     assert delivered.startswith("CUT:")
     assert delivered.removeprefix("CUT:") == chunks[0]
+    # Each read inside the batch takes what is new since the last and its edge: a word
+    # across two chunks is read whole.
+    chunks = [" a b c se", "cret d e f", " g h i j", " k l m n"]
+    guard = _guard(mode="async")
+    delivered = asyncio.run(_batches(guard, [(16, [_chat({"content": c}) for c in chunks])]))
+    assert delivered == "CUT:" + chunks[0]
 
 
 def test_a_delta_merged_from_many_steps_is_read_with_the_edge_before_it() -> None:
